@@ -1,0 +1,1 @@
+"""activities layer (see docs/architecture.md)."""

@@ -1,0 +1,221 @@
+"""Block values: validation against a schema, the char limit, and the value rendering.
+
+A block's *value* (what the model sees inside `<value>`, what the char limit counts) is:
+- text blocks: the text itself;
+- the seed's persona and human kinds: the seed's one-line-per-tag serialization;
+- other typed blocks: one `[FIELD] value` line per non-empty field, lists joined by '; '.
+"""
+
+import unicodedata
+from collections.abc import Mapping
+
+from durable_memory.memory.errors import BlockValidationError, CharLimitExceeded
+from durable_memory.models.blocks import (
+    BlockFields,
+    BlockKind,
+    BlockSpec,
+    FieldSpec,
+    FieldType,
+    FieldValue,
+    SessionState,
+)
+
+DEFAULT_CORE_LIMIT = 1500
+"""The seed's CORE_MEMORY_MAX_CHARS."""
+
+HUMAN_CONTEXT_WINDOW = 10
+"""Context notes kept in a human block (a rolling window)."""
+HUMAN_CONTEXT_RENDERED = 3
+"""Context notes shown in the rendering: the last ones of the window."""
+
+TEXT_FIELD = FieldSpec(name="value", type=FieldType.TEXT)
+
+
+def text_fields() -> tuple[FieldSpec, ...]:
+    return (TEXT_FIELD,)
+
+
+def persona_fields() -> tuple[FieldSpec, ...]:
+    """The seed's PersonaBlock fields, defaults and limits."""
+    return (
+        FieldSpec(name="name", type=FieldType.STR, default="Assistant", required=True),
+        FieldSpec(name="role", type=FieldType.STR, required=True),
+        FieldSpec(name="capabilities", type=FieldType.LIST, max_items=5),
+        FieldSpec(name="tone", type=FieldType.STR, default="professional", required=True),
+        FieldSpec(name="verbosity", type=FieldType.STR, default="concise", required=True),
+        FieldSpec(name="constraints", type=FieldType.LIST, max_items=3),
+        FieldSpec(name="expertise", type=FieldType.LIST, max_items=4),
+    )
+
+
+def human_fields() -> tuple[FieldSpec, ...]:
+    """The seed's HumanBlock fields, defaults and limits."""
+    return (
+        FieldSpec(name="name", type=FieldType.STR),
+        FieldSpec(name="role", type=FieldType.STR),
+        FieldSpec(name="current_task", type=FieldType.STR),
+        FieldSpec(
+            name="session_state",
+            type=FieldType.ENUM,
+            choices=tuple(s.value for s in SessionState),
+            default=SessionState.IDLE.value,
+            required=True,
+        ),
+        FieldSpec(name="preferences", type=FieldType.LIST, max_items=4),
+        FieldSpec(name="context_notes", type=FieldType.LIST, max_items=HUMAN_CONTEXT_WINDOW),
+        FieldSpec(name="facts", type=FieldType.LIST, max_items=3),
+    )
+
+
+BUILTIN_FIELDS = {
+    BlockKind.TEXT: text_fields,
+    BlockKind.PERSONA: persona_fields,
+    BlockKind.HUMAN: human_fields,
+}
+
+
+def _check_text(spec: BlockSpec, field: str, text: str) -> None:
+    for ch in text:
+        if ch in "\n\t":
+            continue
+        category = unicodedata.category(ch)
+        if category in ("Cc", "Cs"):
+            raise BlockValidationError(
+                f"block '{spec.label}': field '{field}' contains the control character "
+                f"U+{ord(ch):04X}; only newlines and tabs are allowed"
+            )
+
+
+def _validate_value(spec: BlockSpec, field: FieldSpec, raw: object) -> FieldValue:
+    where = f"block '{spec.label}': field '{field.name}'"
+    if field.type is FieldType.LIST:
+        if raw is None:
+            items: list[str] = []
+        elif isinstance(raw, list) and all(isinstance(i, str) for i in raw):
+            items = [i.strip() for i in raw]
+        else:
+            raise BlockValidationError(f"{where} must be a list of strings, got {raw!r:.80}")
+        for item in items:
+            _check_text(spec, field.name, item)
+            if not item:
+                raise BlockValidationError(f"{where} has an empty item")
+            if "\n" in item:
+                raise BlockValidationError(
+                    f"{where}: list items are one line each, got {item!r:.80}"
+                )
+        if field.max_items is not None and len(items) > field.max_items:
+            raise BlockValidationError(
+                f"{where} has {len(items)} items, more than its maximum of {field.max_items}"
+            )
+        return items
+    if raw is None:
+        text = ""
+    elif isinstance(raw, str):
+        text = raw.strip()
+    else:
+        raise BlockValidationError(f"{where} must be a string, got {type(raw).__name__}")
+    _check_text(spec, field.name, text)
+    if field.type is FieldType.TEXT:
+        return text
+    if not text:
+        if field.required:
+            raise BlockValidationError(f"{where} is required")
+        return None
+    if field.type is FieldType.ENUM:
+        assert field.choices is not None
+        if text not in field.choices:
+            raise BlockValidationError(
+                f"{where} must be one of {', '.join(field.choices)}; got {text!r:.80}"
+            )
+    return text
+
+
+def validate_fields(spec: BlockSpec, raw: Mapping[str, object]) -> BlockFields:
+    """Normalise and check a block's fields against its schema and char limit.
+
+    Strings are stripped, empty optional strings become None, missing lists become []. The
+    result is what the block stores; validating it again returns it unchanged.
+    """
+    names = {f.name for f in spec.fields}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise BlockValidationError(
+            f"block '{spec.label}' has no field {', '.join(repr(u) for u in unknown)}; "
+            f"its fields are {', '.join(sorted(names))}"
+        )
+    fields = {f.name: _validate_value(spec, f, raw.get(f.name)) for f in spec.fields}
+    size = len(render_value(spec, fields))
+    if size > spec.limit:
+        raise CharLimitExceeded(spec.label, size, spec.limit)
+    return fields
+
+
+def default_fields(spec: BlockSpec) -> BlockFields:
+    """The block's initial content: the profile's `default` over the field defaults."""
+    raw: dict[str, object] = {f.name: f.default for f in spec.fields}
+    raw.update(spec.default)
+    return validate_fields(spec, raw)
+
+
+def _items(fields: BlockFields, name: str) -> list[str]:
+    value = fields.get(name)
+    return value if isinstance(value, list) else []
+
+
+def _text(fields: BlockFields, name: str) -> str:
+    value = fields.get(name)
+    return value if isinstance(value, str) else ""
+
+
+def render_persona(fields: BlockFields) -> str:
+    """The seed's PersonaBlock.to_memory_string()."""
+    lines = [f"[IDENTITY] {_text(fields, 'name')} | {_text(fields, 'role')}"]
+    if capabilities := _items(fields, "capabilities"):
+        lines.append(f"[CAPABILITIES] {', '.join(capabilities)}")
+    if expertise := _items(fields, "expertise"):
+        lines.append(f"[EXPERTISE] {', '.join(expertise)}")
+    lines.append(f"[STYLE] {_text(fields, 'tone')}, {_text(fields, 'verbosity')}")
+    if constraints := _items(fields, "constraints"):
+        lines.append(f"[CONSTRAINTS] {'; '.join(constraints)}")
+    return "\n".join(lines)
+
+
+def render_human(fields: BlockFields) -> str:
+    """The seed's HumanBlock.to_memory_string()."""
+    lines = []
+    who = " | ".join(p for p in (_text(fields, "name"), _text(fields, "role")) if p)
+    if who:
+        lines.append(f"[USER] {who}")
+    if task := _text(fields, "current_task"):
+        lines.append(f"[TASK] {task}")
+    lines.append(f"[STATE] {_text(fields, 'session_state')}")
+    if preferences := _items(fields, "preferences"):
+        lines.append(f"[PREFS] {'; '.join(preferences)}")
+    if facts := _items(fields, "facts"):
+        lines.append(f"[FACTS] {'; '.join(facts)}")
+    if notes := _items(fields, "context_notes")[-HUMAN_CONTEXT_RENDERED:]:
+        lines.append(f"[CONTEXT] {'; '.join(notes)}")
+    return "\n".join(lines)
+
+
+def render_typed(spec: BlockSpec, fields: BlockFields) -> str:
+    lines = []
+    for field in spec.fields:
+        value = fields.get(field.name)
+        tag = field.name.upper()
+        if isinstance(value, list) and value:
+            lines.append(f"[{tag}] {'; '.join(value)}")
+        elif isinstance(value, str) and value:
+            lines.append(f"[{tag}] {value}")
+    return "\n".join(lines)
+
+
+def render_value(spec: BlockSpec, fields: BlockFields) -> str:
+    """What the model sees as the block's value; the char limit counts its characters."""
+    if spec.kind is BlockKind.TEXT:
+        return _text(fields, "value")
+    if spec.kind is BlockKind.PERSONA:
+        return render_persona(fields)
+    if spec.kind is BlockKind.HUMAN:
+        return render_human(fields)
+    return render_typed(spec, fields)

@@ -1,0 +1,192 @@
+"""SQL storage of pending diffs. Status changes are compare-and-set, so two deciders of one
+diff cannot both win."""
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import TypeAdapter
+from sqlalchemy import Engine, update
+from sqlmodel import Field, Session, SQLModel, col, select
+
+from durable_memory.memory.errors import DiffAlreadyDecided, UnknownDiff
+from durable_memory.memory.ids import validate_diff_id
+from durable_memory.models.diffs import DiffStatus, PendingDiff
+from durable_memory.models.operations import EditOperation
+
+_OPERATION = TypeAdapter[EditOperation](EditOperation)
+
+
+class PendingDiffRow(SQLModel, table=True):
+    __tablename__ = "pending_diffs"
+
+    id: str = Field(primary_key=True, max_length=32)
+    user_id: str = Field(index=True, max_length=64)
+    label: str = Field(index=True, max_length=48)
+    operation: str
+    base_sha: str | None = Field(default=None, max_length=40)
+    reasoning: str
+    proposed_by: str
+    status: str = Field(index=True, max_length=16)
+    summary: str = ""
+    created_at: datetime
+    decided_at: datetime | None = None
+    decided_by: str | None = None
+    decision_reason: str | None = None
+    edited_operation: str | None = None
+    commit_sha: str | None = Field(default=None, max_length=40)
+    superseded_by: str | None = Field(default=None, max_length=32)
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+
+
+def _aware(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+def _to_model(row: PendingDiffRow) -> PendingDiff:
+    return PendingDiff(
+        id=row.id,
+        user_id=row.user_id,
+        label=row.label,
+        operation=_OPERATION.validate_json(row.operation),
+        base_sha=row.base_sha,
+        reasoning=row.reasoning,
+        proposed_by=row.proposed_by,
+        status=DiffStatus(row.status),
+        summary=row.summary,
+        created_at=_utc(row.created_at) or row.created_at,
+        decided_at=_utc(row.decided_at),
+        decided_by=row.decided_by,
+        decision_reason=row.decision_reason,
+        edited_operation=(
+            _OPERATION.validate_json(row.edited_operation) if row.edited_operation else None
+        ),
+        commit_sha=row.commit_sha,
+        superseded_by=row.superseded_by,
+    )
+
+
+class DiffStore:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def create(self, diff: PendingDiff) -> list[str]:
+        """Store a new pending diff; older pending diffs of the same block become superseded.
+
+        Returns the ids it superseded.
+        """
+        with Session(self.engine) as session:
+            older = session.exec(
+                select(PendingDiffRow.id).where(
+                    PendingDiffRow.user_id == diff.user_id,
+                    PendingDiffRow.label == diff.label,
+                    PendingDiffRow.status == DiffStatus.PENDING.value,
+                )
+            ).all()
+            if older:
+                session.execute(
+                    update(PendingDiffRow)
+                    .where(
+                        col(PendingDiffRow.id).in_(older),
+                        col(PendingDiffRow.status) == DiffStatus.PENDING.value,
+                    )
+                    .values(
+                        status=DiffStatus.SUPERSEDED.value,
+                        superseded_by=diff.id,
+                        decided_at=_aware(diff.created_at),
+                        decision_reason=f"superseded by a newer proposal {diff.id}",
+                    )
+                )
+            session.add(
+                PendingDiffRow(
+                    id=diff.id,
+                    user_id=diff.user_id,
+                    label=diff.label,
+                    operation=_OPERATION.dump_json(diff.operation).decode(),
+                    base_sha=diff.base_sha,
+                    reasoning=diff.reasoning,
+                    proposed_by=diff.proposed_by,
+                    status=diff.status.value,
+                    summary=diff.summary,
+                    created_at=_aware(diff.created_at),
+                )
+            )
+            session.commit()
+            return list(older)
+
+    def get(self, diff_id: str, user_id: str | None = None) -> PendingDiff:
+        """The diff; a diff of another user is reported exactly like a missing one."""
+        validate_diff_id(diff_id)
+        with Session(self.engine) as session:
+            row = session.get(PendingDiffRow, diff_id)
+            if row is None or (user_id is not None and row.user_id != user_id):
+                owner = f" for user '{user_id}'" if user_id is not None else ""
+                raise UnknownDiff(f"no diff {diff_id}{owner}")
+            return _to_model(row)
+
+    def list(
+        self,
+        user_id: str,
+        statuses: Sequence[DiffStatus] | None = None,
+        label: str | None = None,
+        limit: int = 100,
+    ) -> list[PendingDiff]:
+        """Newest first."""
+        query = select(PendingDiffRow).where(PendingDiffRow.user_id == user_id)
+        if statuses:
+            query = query.where(col(PendingDiffRow.status).in_([s.value for s in statuses]))
+        if label is not None:
+            query = query.where(PendingDiffRow.label == label)
+        query = query.order_by(col(PendingDiffRow.created_at).desc()).limit(limit)
+        with Session(self.engine) as session:
+            return [_to_model(row) for row in session.exec(query).all()]
+
+    def transition(
+        self,
+        diff_id: str,
+        expected: DiffStatus,
+        new: DiffStatus,
+        *,
+        edited_operation: EditOperation | None = None,
+        **values: Any,
+    ) -> PendingDiff:
+        """Move a diff from `expected` to `new` atomically; anything else is DiffAlreadyDecided."""
+        if edited_operation is not None:
+            values["edited_operation"] = _OPERATION.dump_json(edited_operation).decode()
+        if isinstance(values.get("decided_at"), datetime):
+            values["decided_at"] = _aware(values["decided_at"])
+        with Session(self.engine) as session:
+            result = session.execute(
+                update(PendingDiffRow)
+                .where(
+                    col(PendingDiffRow.id) == diff_id,
+                    col(PendingDiffRow.status) == expected.value,
+                )
+                .values(status=new.value, **values)
+            )
+            session.commit()
+            changed = getattr(result, "rowcount", 0)
+        diff = self.get(diff_id)
+        if not changed:
+            who = f" by {diff.decided_by}" if diff.decided_by else ""
+            raise DiffAlreadyDecided(
+                f"diff {diff_id} is already {diff.status.value}{who}; decisions are final"
+            )
+        return diff
+
+    def set_commit(self, diff_id: str, sha: str) -> PendingDiff:
+        with Session(self.engine) as session:
+            session.execute(
+                update(PendingDiffRow)
+                .where(col(PendingDiffRow.id) == diff_id)
+                .values(commit_sha=sha)
+            )
+            session.commit()
+        return self.get(diff_id)
+
+
+def now() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,63 @@
+"""Every error a caller can cause. One clear message each; the CLI maps them to exit status 2."""
+
+
+class DurableMemoryError(Exception):
+    """Base of every user-facing error raised by the memory core."""
+
+
+class InvalidIdentifier(DurableMemoryError):
+    """A user id, label or diff id that does not match the strict pattern."""
+
+
+class ProfileError(DurableMemoryError):
+    """An agent profile file that cannot be loaded."""
+
+
+class BlockValidationError(DurableMemoryError):
+    """A block value that violates its schema."""
+
+
+class CharLimitExceeded(BlockValidationError):
+    """A block value whose rendering is larger than the block's char limit."""
+
+    def __init__(self, label: str, size: int, limit: int) -> None:
+        super().__init__(f"block '{label}' would be {size} characters, over its limit of {limit}")
+        self.label = label
+        self.size = size
+        self.limit = limit
+
+
+class FormatError(DurableMemoryError):
+    """A TOML or Markdown document that does not parse into a block."""
+
+
+class UnknownUser(DurableMemoryError):
+    """A user who has no memory repository yet."""
+
+
+class UnknownBlock(DurableMemoryError):
+    """A label that is not declared by the agent profile."""
+
+
+class ReadOnlyBlock(DurableMemoryError):
+    """An edit aimed at a block the profile marks read-only."""
+
+
+class OperationNotApplicable(DurableMemoryError):
+    """An edit operation that cannot be applied to the block as it is."""
+
+
+class UnknownDiff(DurableMemoryError):
+    """A diff id that does not exist (or belongs to another user)."""
+
+
+class DiffAlreadyDecided(DurableMemoryError):
+    """A decision on a diff that is no longer pending."""
+
+
+class UnknownCommit(DurableMemoryError):
+    """A sha that does not name a commit of the user's repository touching the block."""
+
+
+class HandEditPending(DurableMemoryError):
+    """A block file changed by hand in the working tree that a write would overwrite."""

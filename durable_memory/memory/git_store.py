@@ -1,0 +1,307 @@
+"""One git repository per user, holding `blocks/<label>.toml`. Every change is a commit.
+
+Writers for one user (threads or processes) are serialised by an flock on a file inside the
+user's `.git` directory, so there is no global lock and git's own `index.lock` is never
+contended. Reads come from the HEAD commit, never from the working tree, so a half-written
+or hand-edited file cannot leak into memory: hand edits are committed only through
+`commit_hand_edits`, which validates them first.
+"""
+
+import contextlib
+import fcntl
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC
+from pathlib import Path
+
+import git
+
+from durable_memory.memory.errors import (
+    DurableMemoryError,
+    HandEditPending,
+    UnknownCommit,
+    UnknownUser,
+)
+from durable_memory.memory.ids import validate_label, validate_sha, validate_user_id
+from durable_memory.models.history import Author, AuthorKind, CommitInfo
+
+BLOCKS_DIR = "blocks"
+_LOCK_FILE = "dmem-write.lock"
+_JOURNAL_FILE = "dmem-journal"
+_AUTHOR_NAME = re.compile(r"[^\x00-\x1f\x7f<>]{1,100}")
+_TRAILER_KEY = re.compile(r"[A-Z][A-Za-z-]{0,39}")
+_COMMITTER = git.Actor("durable-memory", "durable-memory@localhost")
+
+
+def validate_author_name(name: object) -> str:
+    """Names go into commit identities: 1-100 characters, no control characters, no '<' '>'."""
+    if not isinstance(name, str) or not _AUTHOR_NAME.fullmatch(name) or name != name.strip():
+        raise DurableMemoryError(
+            f"invalid name {name!r:.60}: use 1-100 characters without control characters, "
+            "'<', '>' or surrounding spaces"
+        )
+    return name
+
+
+def block_path(label: str) -> str:
+    return f"{BLOCKS_DIR}/{validate_label(label)}.toml"
+
+
+def _one_line(value: str) -> str:
+    return " ".join(value.split())
+
+
+def format_message(summary: str, body: str = "", trailers: Mapping[str, str] | None = None) -> str:
+    """A commit message: summary line, optional body, then `Key: value` trailers."""
+    parts = [_one_line(summary)[:200] or "Update memory"]
+    if body.strip():
+        parts.append(body.strip())
+    if trailers:
+        for key in trailers:
+            if not _TRAILER_KEY.fullmatch(key):
+                raise ValueError(f"bad trailer key {key!r}")
+        parts.append("\n".join(f"{k}: {_one_line(v)}" for k, v in trailers.items() if v))
+    return "\n\n".join(parts) + "\n"
+
+
+def _actor(author: Author) -> git.Actor:
+    slug = re.sub(r"[^a-z0-9]+", "-", author.name.lower()).strip("-") or "someone"
+    return git.Actor(validate_author_name(author.name), f"{author.kind.value}+{slug}@localhost")
+
+
+def _parse_trailers(message: str) -> dict[str, str]:
+    paragraphs = message.strip().split("\n\n")
+    if len(paragraphs) < 2:
+        return {}
+    found: dict[str, str] = {}
+    for line in paragraphs[-1].splitlines():
+        key, sep, value = line.partition(": ")
+        if not sep or not _TRAILER_KEY.fullmatch(key):
+            return {}
+        found[key] = value
+    return found
+
+
+def _message_str(commit: git.Commit) -> str:
+    message = commit.message
+    return message if isinstance(message, str) else message.decode("utf-8", errors="replace")
+
+
+def _commit_info(commit: git.Commit) -> CommitInfo:
+    email = commit.author.email or ""
+    kind = email.split("+", 1)[0] if "+" in email else AuthorKind.SYSTEM.value
+    message = _message_str(commit)
+    return CommitInfo(
+        sha=commit.hexsha,
+        message=message.strip(),
+        author=commit.author.name or "",
+        author_kind=kind,
+        timestamp=commit.authored_datetime.astimezone(UTC),
+        trailers=_parse_trailers(message),
+    )
+
+
+@dataclass
+class RepoTransaction:
+    """Read-modify-write access to one user's repository while holding its lock."""
+
+    repo: git.Repo
+    user_id: str
+
+    @property
+    def head(self) -> str | None:
+        return self.repo.head.commit.hexsha if self.repo.head.is_valid() else None
+
+    def read(self, label: str, sha: str | None = None) -> str | None:
+        """The block file at `sha` (default HEAD), or None if it does not exist there."""
+        rev = sha or self.head
+        if rev is None:
+            return None
+        try:
+            blob = self.repo.commit(rev).tree / block_path(label)
+        except KeyError:
+            return None
+        data: bytes = blob.data_stream.read()
+        return data.decode("utf-8")
+
+    def labels(self) -> list[str]:
+        if self.head is None:
+            return []
+        try:
+            tree = self.repo.head.commit.tree / BLOCKS_DIR
+        except KeyError:
+            return []
+        return sorted(b.name.removesuffix(".toml") for b in tree.blobs if b.name.endswith(".toml"))
+
+    def working_copy(self, label: str) -> str | None:
+        path = Path(self.repo.working_tree_dir or "") / block_path(label)
+        try:
+            return path.read_bytes().decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return None
+
+    def find_trailer(self, key: str, value: str) -> str | None:
+        """The newest commit whose message has the trailer `key: value` (e.g. a Diff-Id)."""
+        if self.head is None:
+            return None
+        line = f"{key}: {value}"
+        out: str = self.repo.git.log("HEAD", "--fixed-strings", f"--grep={line}", "--format=%H")
+        for sha in out.split():
+            if _parse_trailers(_message_str(self.repo.commit(sha))).get(key) == value:
+                return sha
+        return None
+
+    def commit(
+        self,
+        files: Mapping[str, str],
+        message: str,
+        author: Author,
+        *,
+        allow_empty: bool = False,
+        overwrite_hand_edits: bool = False,
+    ) -> str:
+        """Write `files` (label -> TOML text) and commit them. Returns the new commit sha.
+
+        A change that alters nothing returns HEAD without a commit unless `allow_empty`.
+        """
+        changed = {label: text for label, text in files.items() if self.read(label) != text}
+        if not changed and not allow_empty and self.head is not None:
+            return self.head
+        for label in () if overwrite_hand_edits else changed:
+            on_disk = self.working_copy(label)
+            if on_disk is not None and on_disk != self.read(label):
+                raise HandEditPending(
+                    f"{block_path(label)} of user '{self.user_id}' has changes made by hand that "
+                    "are not committed; commit them with `dmem import` (validated) or discard "
+                    "them with `git checkout`, then try again"
+                )
+        git_dir = Path(self.repo.git_dir)
+        journal = git_dir / _JOURNAL_FILE
+        journal.write_text("\n".join(changed), encoding="utf-8")
+        root = Path(self.repo.working_tree_dir or "")
+        (root / BLOCKS_DIR).mkdir(exist_ok=True)
+        for label, text in changed.items():
+            target = root / block_path(label)
+            tmp = target.with_suffix(".toml.tmp")
+            tmp.write_text(text, encoding="utf-8", newline="")
+            os.replace(tmp, target)
+        self.repo.index.add([block_path(label) for label in changed])
+        actor = _actor(author)
+        new = self.repo.index.commit(
+            message,
+            author=actor,
+            committer=_COMMITTER,
+            parent_commits=None,
+            skip_hooks=True,
+        )
+        journal.unlink()
+        return str(new.hexsha)
+
+
+class GitBlockStore:
+    """The users' repositories under `<data_dir>/users/`."""
+
+    def __init__(self, data_dir: str | Path) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.users_dir = self.data_dir / "users"
+
+    def repo_path(self, user_id: str) -> Path:
+        path = (self.users_dir / validate_user_id(user_id)).resolve()
+        if path.parent != self.users_dir:  # belt and braces: the pattern already forbids this
+            raise DurableMemoryError(f"user id {user_id!r} escapes the data directory")
+        return path
+
+    def exists(self, user_id: str) -> bool:
+        return (self.repo_path(user_id) / ".git").is_dir()
+
+    def users(self) -> list[str]:
+        if not self.users_dir.is_dir():
+            return []
+        return sorted(p.name for p in self.users_dir.iterdir() if (p / ".git").is_dir())
+
+    @contextlib.contextmanager
+    def transaction(self, user_id: str, *, create: bool = False) -> Iterator[RepoTransaction]:
+        """Hold the user's write lock; recover from a write interrupted by a crash."""
+        path = self.repo_path(user_id)
+        if not (path / ".git").is_dir():
+            if not create:
+                raise UnknownUser(f"user '{user_id}' has no memory yet")
+            path.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                # Two processes may race to create the repository; git init is idempotent.
+                git.Repo.init(path, initial_branch="main").close()
+        with open(path / ".git" / _LOCK_FILE, "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                with git.Repo(path) as repo:
+                    self._recover(repo)
+                    yield RepoTransaction(repo=repo, user_id=user_id)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    @staticmethod
+    def _recover(repo: git.Repo) -> None:
+        """Undo the working-tree half of a write that crashed before or after its commit."""
+        journal = Path(repo.git_dir) / _JOURNAL_FILE
+        if not journal.exists():
+            return
+        labels = [line for line in journal.read_text(encoding="utf-8").split("\n") if line]
+        root = Path(repo.working_tree_dir or "")
+        for label in labels:
+            target = root / block_path(label)
+            target.with_suffix(".toml.tmp").unlink(missing_ok=True)
+            if repo.head.is_valid():
+                try:
+                    blob = repo.head.commit.tree / block_path(label)
+                    target.write_bytes(blob.data_stream.read())
+                    continue
+                except KeyError:
+                    pass
+            target.unlink(missing_ok=True)
+        if repo.head.is_valid():
+            repo.index.reset(paths=[block_path(label) for label in labels])
+        journal.unlink()
+
+    def head(self, user_id: str) -> str | None:
+        with self.transaction(user_id) as tx:
+            return tx.head
+
+    def history(self, user_id: str, label: str | None, limit: int = 20) -> list[CommitInfo]:
+        """Newest first: the commits that changed the block (every commit when label is None)."""
+        if limit <= 0:
+            raise DurableMemoryError(f"history limit must be positive, got {limit}")
+        paths = block_path(label) if label is not None else ""
+        with self.transaction(user_id) as tx:
+            if tx.head is None:
+                return []
+            commits = tx.repo.iter_commits("HEAD", paths=paths, max_count=limit)
+            return [_commit_info(c) for c in commits]
+
+    def commit_info(self, user_id: str, sha: str) -> CommitInfo:
+        with self.transaction(user_id) as tx:
+            return _commit_info(self._resolve(tx, sha))
+
+    def _resolve(self, tx: RepoTransaction, sha: str) -> git.Commit:
+        validate_sha(sha)
+        try:
+            commit = tx.repo.commit(sha)
+        except (git.BadName, ValueError):
+            raise UnknownCommit(f"no commit {sha} in the memory of user '{tx.user_id}'") from None
+        return commit
+
+    def read_at(self, user_id: str, label: str, sha: str) -> str:
+        with self.transaction(user_id) as tx:
+            commit = self._resolve(tx, sha)
+            text = tx.read(label, commit.hexsha)
+            if text is None:
+                raise UnknownCommit(f"block '{label}' does not exist at commit {sha}")
+            return text
+
+    def diff(self, user_id: str, label: str, a: str, b: str) -> str:
+        """Unified diff of the block's TOML between two commits."""
+        with self.transaction(user_id) as tx:
+            first, second = self._resolve(tx, a), self._resolve(tx, b)
+            out: str = tx.repo.git.diff(first.hexsha, second.hexsha, "--", block_path(label))
+            return out

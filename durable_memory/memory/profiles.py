@@ -1,0 +1,121 @@
+"""Agent profiles: TOML files declaring the persona, the model settings and the memory blocks."""
+
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from durable_memory.memory.blocks import BUILTIN_FIELDS, default_fields
+from durable_memory.memory.errors import BlockValidationError, ProfileError
+from durable_memory.memory.personas import PERSONA_PRESETS
+from durable_memory.models.blocks import AgentProfile, BlockKind, BlockSpec, FieldType
+
+BUNDLED_PROFILES = ("default", "essay_coach")
+
+
+def _pydantic_problem(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return f"{where}: {first['msg']}" if where else first["msg"]
+
+
+def _block_spec(source: str, index: int, raw: object) -> BlockSpec:
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{source}: blocks[{index}] must be a table")
+    label = raw.get("label")
+    name = f"block '{label}'" if isinstance(label, str) else f"blocks[{index}]"
+    fail = f"{source}: {name}:"
+    data: dict[str, Any] = dict(raw)
+    kind = data.get("kind", BlockKind.TEXT.value)
+    if kind not in {k.value for k in BlockKind}:
+        raise ProfileError(
+            f"{fail} unknown kind {kind!r}; use one of {', '.join(k.value for k in BlockKind)}"
+        )
+    data["kind"] = kind
+    preset = data.pop("preset", None)
+    if BlockKind(kind) in BUILTIN_FIELDS:
+        if "fields" in data:
+            raise ProfileError(f"{fail} kind '{kind}' has built-in fields; remove 'fields'")
+        data["fields"] = BUILTIN_FIELDS[BlockKind(kind)]()
+    elif not data.get("fields"):
+        raise ProfileError(f"{fail} kind 'fields' needs at least one [[blocks.fields]] entry")
+    if preset is not None:
+        if kind != BlockKind.PERSONA.value or preset not in PERSONA_PRESETS:
+            raise ProfileError(
+                f"{fail} preset {preset!r} is not one of {', '.join(PERSONA_PRESETS)} "
+                "(presets apply to kind 'persona')"
+            )
+        data["default"] = {**PERSONA_PRESETS[preset], **data.get("default", {})}
+    for field in data["fields"]:
+        if isinstance(field, dict) and field.get("type") not in {t.value for t in FieldType}:
+            raise ProfileError(
+                f"{fail} field {field.get('name')!r} has unknown type {field.get('type')!r}; "
+                f"use one of {', '.join(t.value for t in FieldType)}"
+            )
+    try:
+        spec = BlockSpec.model_validate(data)
+    except ValidationError as error:
+        raise ProfileError(f"{fail} {_pydantic_problem(error)}") from None
+    _check_fields(fail, spec)
+    try:
+        default_fields(spec)
+    except BlockValidationError as error:
+        raise ProfileError(f"{fail} its default is invalid: {error}") from None
+    return spec
+
+
+def _check_fields(fail: str, spec: BlockSpec) -> None:
+    seen: set[str] = set()
+    for field in spec.fields:
+        if field.name in seen:
+            raise ProfileError(f"{fail} field '{field.name}' is declared twice")
+        seen.add(field.name)
+        if field.type is FieldType.ENUM and not field.choices:
+            raise ProfileError(f"{fail} enum field '{field.name}' needs non-empty 'choices'")
+        if field.type is not FieldType.ENUM and field.choices is not None:
+            raise ProfileError(f"{fail} field '{field.name}': only enum fields take 'choices'")
+        if field.type is not FieldType.LIST and field.max_items is not None:
+            raise ProfileError(f"{fail} field '{field.name}': only list fields take 'max_items'")
+        if field.type is FieldType.TEXT and spec.kind is BlockKind.FIELDS:
+            raise ProfileError(
+                f"{fail} field '{field.name}': type 'text' is for kind 'text' blocks; use 'str'"
+            )
+
+
+def parse_profile(text: str, source: str) -> AgentProfile:
+    """Parse and check a profile; every problem is a ProfileError naming `source` and the block."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ProfileError(f"{source}: not valid TOML: {error}") from None
+    blocks_raw = raw.get("blocks")
+    if not isinstance(blocks_raw, list) or not blocks_raw:
+        raise ProfileError(f"{source}: declares no memory blocks (add [[blocks]] tables)")
+    blocks = [_block_spec(source, i, b) for i, b in enumerate(blocks_raw)]
+    labels: set[str] = set()
+    for spec in blocks:
+        if spec.label in labels:
+            raise ProfileError(f"{source}: block '{spec.label}': label declared twice")
+        labels.add(spec.label)
+    unknown = sorted(set(raw) - {"name", "persona", "model", "blocks"})
+    if unknown:
+        raise ProfileError(f"{source}: unknown top-level key(s) {', '.join(unknown)}")
+    try:
+        return AgentProfile.model_validate({**raw, "blocks": blocks})
+    except ValidationError as error:
+        raise ProfileError(f"{source}: {_pydantic_problem(error)}") from None
+
+
+def load_profile(path: str | Path) -> AgentProfile:
+    """Load a profile from a file path, or a bundled profile by name (`default`, `essay_coach`)."""
+    if str(path) in BUNDLED_PROFILES:
+        resource = resources.files("durable_memory.profiles") / f"{path}.toml"
+        return parse_profile(resource.read_text(encoding="utf-8"), f"bundled profile {path}")
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ProfileError(f"{file}: cannot read profile: {error}") from None
+    return parse_profile(text, str(file))

@@ -1,0 +1,178 @@
+"""Recall memory: every message (user, assistant, tool call, tool result) with its turn and time.
+
+Full-text search is SQLite FTS5 (BM25) on SQLite and `to_tsvector('simple')` on PostgreSQL.
+Appends are idempotent per (user, turn, seq), so a retried write never duplicates a message.
+"""
+
+import re
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from sqlalchemy import Engine, UniqueConstraint, func, text
+from sqlmodel import Field, Session, SQLModel, col, select
+
+from durable_memory.memory.errors import DurableMemoryError
+from durable_memory.models.recall import MessageRole, NewMessage, RecallMessage, RecallPage
+
+MAX_PAGE = 200
+
+
+class RecallMessageRow(SQLModel, table=True):
+    __tablename__ = "recall_messages"
+    __table_args__ = (UniqueConstraint("user_id", "turn_id", "seq"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    user_id: str = Field(index=True, max_length=64)
+    turn_id: str = Field(index=True, max_length=128)
+    seq: int
+    role: str = Field(max_length=16)
+    content: str
+    tool_name: str | None = None
+    tool_call_id: str | None = None
+    created_at: datetime = Field(index=True)
+
+
+def _utc(value: datetime) -> datetime:
+    """Naive datetimes are taken as UTC; SQLModel stores timezone-aware values only."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _to_model(row: RecallMessageRow) -> RecallMessage:
+    assert row.id is not None
+    return RecallMessage(
+        id=row.id,
+        user_id=row.user_id,
+        turn_id=row.turn_id,
+        seq=row.seq,
+        role=MessageRole(row.role),
+        content=row.content,
+        tool_name=row.tool_name,
+        tool_call_id=row.tool_call_id,
+        created_at=_utc(row.created_at),
+    )
+
+
+def fts_terms(query: str) -> list[str]:
+    """The words of a free-text query; FTS operators typed by a user are treated as text."""
+    return re.findall(r"\w+", query)
+
+
+class RecallStore:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def append(
+        self,
+        user_id: str,
+        turn_id: str,
+        messages: Sequence[NewMessage],
+        *,
+        first_seq: int = 0,
+        at: datetime | None = None,
+    ) -> list[RecallMessage]:
+        """Store messages numbered from `first_seq` in a turn; already stored ones are kept."""
+        stamp = _utc(at or datetime.now(UTC))
+        with Session(self.engine) as session:
+            existing = {
+                row.seq: row
+                for row in session.exec(
+                    select(RecallMessageRow).where(
+                        RecallMessageRow.user_id == user_id,
+                        RecallMessageRow.turn_id == turn_id,
+                    )
+                ).all()
+            }
+            rows = []
+            for offset, message in enumerate(messages):
+                seq = first_seq + offset
+                row = existing.get(seq) or RecallMessageRow(
+                    user_id=user_id,
+                    turn_id=turn_id,
+                    seq=seq,
+                    role=message.role.value,
+                    content=message.content,
+                    tool_name=message.tool_name,
+                    tool_call_id=message.tool_call_id,
+                    created_at=stamp,
+                )
+                session.add(row)
+                rows.append(row)
+            session.commit()
+            for row in rows:
+                session.refresh(row)
+            return [_to_model(row) for row in rows]
+
+    def count(self, user_id: str) -> int:
+        with Session(self.engine) as session:
+            return session.exec(
+                select(func.count()).where(RecallMessageRow.user_id == user_id)
+            ).one()
+
+    def recent(self, user_id: str, limit: int = 50) -> list[RecallMessage]:
+        """The newest `limit` messages, oldest first (the order a context needs)."""
+        query = (
+            select(RecallMessageRow)
+            .where(RecallMessageRow.user_id == user_id)
+            .order_by(col(RecallMessageRow.id).desc())
+            .limit(limit)
+        )
+        with Session(self.engine) as session:
+            return [_to_model(r) for r in reversed(session.exec(query).all())]
+
+    def search(
+        self,
+        user_id: str,
+        query: str = "",
+        *,
+        roles: Sequence[MessageRole] | None = None,
+        start: datetime | None = None,
+        end: datetime | None = None,
+        limit: int = 20,
+        offset: int = 0,
+    ) -> RecallPage:
+        """Messages matching every word of `query` (best first), or all messages newest first
+        when the query is empty; filtered by role and by `start <= created_at < end`."""
+        if not 1 <= limit <= MAX_PAGE:
+            raise DurableMemoryError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
+        if offset < 0:
+            raise DurableMemoryError(f"offset must not be negative, got {offset}")
+        if start is not None and end is not None and start >= end:
+            raise DurableMemoryError("start must be before end")
+        filters = [col(RecallMessageRow.user_id) == user_id]
+        if roles:
+            filters.append(col(RecallMessageRow.role).in_([r.value for r in roles]))
+        if start is not None:
+            filters.append(col(RecallMessageRow.created_at) >= _utc(start))
+        if end is not None:
+            filters.append(col(RecallMessageRow.created_at) < _utc(end))
+        terms = fts_terms(query)
+        base = select(RecallMessageRow).where(*filters)
+        if not terms:
+            ranked = base.order_by(col(RecallMessageRow.id).desc())
+        elif self.engine.dialect.name == "sqlite":
+            match = " ".join('"' + t.replace('"', '""') + '"' for t in terms)
+            base = base.where(
+                text(
+                    "recall_messages.id IN (SELECT rowid FROM recall_fts WHERE recall_fts MATCH :m)"
+                ).bindparams(m=match)
+            )
+            ranked = base.order_by(
+                text(
+                    "(SELECT bm25(recall_fts) FROM recall_fts WHERE recall_fts MATCH :m2 "
+                    "AND recall_fts.rowid = recall_messages.id)"
+                ).bindparams(m2=match),
+                col(RecallMessageRow.id).desc(),
+            )
+        else:
+            tsquery = func.plainto_tsquery("simple", " ".join(terms))
+            vector = func.to_tsvector("simple", RecallMessageRow.content)
+            base = base.where(vector.op("@@")(tsquery))
+            ranked = base.order_by(
+                func.ts_rank(vector, tsquery).desc(), col(RecallMessageRow.id).desc()
+            )
+        with Session(self.engine) as session:
+            total = session.exec(select(func.count()).select_from(base.subquery())).one()
+            rows = session.exec(ranked.limit(limit).offset(offset)).all()
+            return RecallPage(
+                messages=[_to_model(r) for r in rows], total=total, offset=offset, limit=limit
+            )

@@ -1,0 +1,112 @@
+"""Block schemas as declared by agent profiles, and the built-in kinds from the seed."""
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+FieldValue = str | list[str] | None
+BlockFields = dict[str, FieldValue]
+"""A block's content: field name -> value. Text blocks have the single field `value`."""
+
+FieldName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,47}$")]
+
+
+class FieldType(StrEnum):
+    TEXT = "text"
+    """Free, multi-line text (the single field of a Letta-style text block)."""
+    STR = "str"
+    LIST = "list[str]"
+    ENUM = "enum"
+
+
+class BlockKind(StrEnum):
+    TEXT = "text"
+    """Letta-style free text (`persona`, `human`)."""
+    FIELDS = "fields"
+    """Typed fields declared in the profile (the seed's `student`, `journey`, ...)."""
+    PERSONA = "persona"
+    """The seed's built-in PersonaBlock."""
+    HUMAN = "human"
+    """The seed's built-in HumanBlock."""
+
+
+class RotationStrategyName(StrEnum):
+    AGGRESSIVE = "aggressive"
+    PRESERVATIVE = "preservative"
+    ADAPTIVE = "adaptive"
+
+
+class FieldSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: FieldName
+    type: FieldType
+    description: str = ""
+    required: bool = False
+    max_items: int | None = Field(default=None, gt=0)
+    choices: tuple[str, ...] | None = None
+    default: FieldValue = None
+
+    @property
+    def title(self) -> str:
+        """The Markdown heading of this field: `current_task` -> `Current Task`."""
+        return " ".join(part.capitalize() for part in self.name.split("_"))
+
+
+class BlockSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    label: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,47}$")]
+    description: str
+    limit: int = Field(gt=0, le=1_000_000)
+    read_only: bool = False
+    rotation: RotationStrategyName = RotationStrategyName.ADAPTIVE
+    kind: BlockKind
+    fields: tuple[FieldSpec, ...]
+    default: BlockFields = Field(default_factory=dict)
+
+    def field(self, name: str) -> FieldSpec | None:
+        return next((f for f in self.fields if f.name == name), None)
+
+
+class SessionState(StrEnum):
+    """The seed's HumanBlock session states."""
+
+    IDLE = "idle"
+    ACTIVE_TASK = "active_task"
+    WAITING_INPUT = "waiting_input"
+    THINKING = "thinking"
+    ERROR_RECOVERY = "error_recovery"
+
+
+class PersonaSettings(BaseModel):
+    """Who the agent is. The instructions are the system prompt's fixed part: the agent cannot
+    edit them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    role: str = Field(min_length=1)
+    instructions: str = Field(min_length=1)
+
+
+class ModelSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "claude-sonnet-4-5"
+    max_tokens: int = Field(default=1024, gt=0, le=64_000)
+    temperature: float = Field(default=0.7, ge=0.0, le=1.0)
+    context_window: int = Field(default=200_000, gt=0)
+
+
+class AgentProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    persona: PersonaSettings
+    model: ModelSettings = ModelSettings()
+    blocks: tuple[BlockSpec, ...]
+
+    def block(self, label: str) -> BlockSpec | None:
+        return next((b for b in self.blocks if b.label == label), None)

@@ -1,0 +1,116 @@
+"""Edit operations on a block: what a pending diff proposes and what a direct edit commits."""
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from durable_memory.models.blocks import BlockFields
+
+
+class _Op(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AppendText(_Op):
+    """Append a line to a text block (Letta's core_memory_append)."""
+
+    op: Literal["append"] = "append"
+    content: str
+
+
+class ReplaceText(_Op):
+    """Replace one exact occurrence of `old_content` (Letta's core_memory_replace)."""
+
+    op: Literal["replace"] = "replace"
+    old_content: str = Field(min_length=1)
+    new_content: str
+
+
+class InsertText(_Op):
+    """Insert text after line `insert_line` (0 = at the top, -1 = at the end)."""
+
+    op: Literal["insert"] = "insert"
+    new_string: str
+    insert_line: int = Field(ge=-1)
+
+
+class RethinkText(_Op):
+    """Rewrite a text block's whole value (Letta's memory_rethink)."""
+
+    op: Literal["rethink"] = "rethink"
+    new_value: str
+
+
+class ReplaceFields(_Op):
+    """Rewrite a typed block's whole value."""
+
+    op: Literal["replace_fields"] = "replace_fields"
+    fields: BlockFields
+
+
+class SetField(_Op):
+    """Set one field of a typed block (`None` clears an optional field)."""
+
+    op: Literal["set_field"] = "set_field"
+    field: str
+    value: str | list[str] | None
+
+
+class AddItem(_Op):
+    op: Literal["add_item"] = "add_item"
+    field: str
+    value: str
+
+
+class RemoveItem(_Op):
+    op: Literal["remove_item"] = "remove_item"
+    field: str
+    value: str
+
+
+class SetTask(_Op):
+    """The seed's set_task: sets the current task and the state to active_task."""
+
+    op: Literal["set_task"] = "set_task"
+    task: str = Field(min_length=1)
+    context: str | None = None
+
+
+class ClearTask(_Op):
+    """The seed's clear_task: back to idle; with `archive`, the task goes to archival memory."""
+
+    op: Literal["clear_task"] = "clear_task"
+    archive: bool = False
+
+
+class LearnPreference(_Op):
+    op: Literal["learn_preference"] = "learn_preference"
+    preference: str = Field(min_length=1)
+
+
+class LearnFact(_Op):
+    op: Literal["learn_fact"] = "learn_fact"
+    fact: str = Field(min_length=1)
+
+
+class AddContext(_Op):
+    op: Literal["add_context"] = "add_context"
+    note: str = Field(min_length=1)
+
+
+EditOperation = Annotated[
+    AppendText
+    | ReplaceText
+    | InsertText
+    | RethinkText
+    | ReplaceFields
+    | SetField
+    | AddItem
+    | RemoveItem
+    | SetTask
+    | ClearTask
+    | LearnPreference
+    | LearnFact
+    | AddContext,
+    Field(discriminator="op"),
+]

@@ -1,0 +1,40 @@
+"""Recall memory: every message of every turn, searchable."""
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class MessageRole(StrEnum):
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL_CALL = "tool_call"
+    TOOL_RESULT = "tool_result"
+    SYSTEM = "system"
+
+
+class NewMessage(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    role: MessageRole
+    content: str = Field(max_length=1_000_000)
+    tool_name: str | None = None
+    tool_call_id: str | None = None
+
+
+class RecallMessage(NewMessage):
+    id: int
+    user_id: str
+    turn_id: str
+    seq: int
+    created_at: datetime
+
+
+class RecallPage(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    messages: list[RecallMessage]
+    total: int
+    offset: int
+    limit: int

@@ -1,0 +1,1 @@
+"""workers layer (see docs/architecture.md)."""

@@ -1,0 +1,74 @@
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine
+
+from durable_memory.memory.db import make_engine
+from durable_memory.memory.diffs import DiffStore
+from durable_memory.memory.git_store import GitBlockStore
+from durable_memory.memory.profiles import load_profile
+from durable_memory.memory.recall import RecallStore
+from durable_memory.memory.service import MemoryService
+from tests.postgres import find_pg_bin, running_postgres
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    bin_dir = find_pg_bin()
+    if bin_dir is None:
+        if os.environ.get("DMEM_REQUIRE_POSTGRES") or os.environ.get("CI"):
+            pytest.fail("PostgreSQL binaries not found; install Debian's postgresql package")
+        pytest.skip("PostgreSQL binaries not found (install Debian's postgresql package)")
+    with running_postgres(bin_dir) as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    if request.param == "sqlite":
+        engine = make_engine(f"sqlite:///{tmp_path / 'memory.db'}")
+        yield engine
+        engine.dispose()
+        return
+    url: str = request.getfixturevalue("postgres_url")
+    # One schema per test keeps PostgreSQL tests as isolated as a fresh SQLite file.
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(url)
+    with admin.begin() as conn:
+        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    admin.dispose()
+    engine = make_engine(f"{url}?options=-csearch_path%3D{schema}")
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "data"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def service(engine: Engine, data_dir: Path) -> MemoryService:
+    return MemoryService(
+        load_profile("essay_coach"),
+        GitBlockStore(data_dir),
+        DiffStore(engine),
+        RecallStore(engine),
+    )
+
+
+@pytest.fixture
+def sqlite_service(tmp_path: Path, data_dir: Path) -> MemoryService:
+    """For tests about git and formats, where the SQL backend does not matter."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'memory.db'}")
+    return MemoryService(
+        load_profile("essay_coach"),
+        GitBlockStore(data_dir),
+        DiffStore(engine),
+        RecallStore(engine),
+    )
