@@ -45,14 +45,38 @@ def running_postgres(bin_dir: Path) -> Iterator[str]:
         run_as = ["runuser", "-u", "postgres", "--"]
     port = _free_port()
     subprocess.run(
-        [*run_as, str(bin_dir / "initdb"), "-D", str(data), "-U", "dmem", "-A", "trust",
-         "--no-sync", "-E", "UTF8"],
+        [
+            *run_as,
+            str(bin_dir / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "dmem",
+            "-A",
+            "trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+        ],
         check=True,
         capture_output=True,
     )
     server = subprocess.Popen(
-        [*run_as, str(bin_dir / "postgres"), "-D", str(data), "-h", "127.0.0.1",
-         "-p", str(port), "-k", str(root), "-F", "-c", "max_connections=200"],
+        [
+            *run_as,
+            str(bin_dir / "postgres"),
+            "-D",
+            str(data),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-k",
+            str(root),
+            "-F",
+            "-c",
+            "max_connections=200",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -69,8 +93,16 @@ def running_postgres(bin_dir: Path) -> Iterator[str]:
                 raise RuntimeError("PostgreSQL did not start")
             time.sleep(0.1)
         subprocess.run(
-            [str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "dmem",
-             "dmem_test"],
+            [
+                str(bin_dir / "createdb"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-U",
+                "dmem",
+                "dmem_test",
+            ],
             check=True,
             capture_output=True,
         )

@@ -45,7 +45,9 @@ def test_proposal_does_not_touch_memory(svc: MemoryService) -> None:
 
 
 def test_approve_commits_with_proposer_and_approver(svc: MemoryService) -> None:
-    diff = svc.propose("alice", "student", AddItem(field="strengths", value="Grit"), "she said so", TURN)
+    diff = svc.propose(
+        "alice", "student", AddItem(field="strengths", value="Grit"), "she said so", TURN
+    )
     approved = svc.approve(diff.id, "ms-rivera")
     assert approved.status is DiffStatus.APPROVED
     assert approved.commit_sha == svc.git.head("alice")
@@ -123,12 +125,17 @@ def test_commutative_edit_applies_on_changed_block(svc: MemoryService) -> None:
     svc.edit_block("alice", "student", {"name": "Alicia", "strengths": ["Creativity"]}, ALICE)
     assert svc.approve(diff.id, "bob").status is DiffStatus.APPROVED
     assert svc.read_block("alice", "student").fields == {
-        "name": "Alicia", "background": None, "strengths": ["Creativity", "Grit"], "goals": [],
+        "name": "Alicia",
+        "background": None,
+        "strengths": ["Creativity", "Grit"],
+        "goals": [],
     }
 
 
 def test_removed_item_gone_since_proposal_conflicts(svc: MemoryService) -> None:
-    diff = svc.propose("alice", "student", RemoveItem(field="strengths", value="Creativity"), "r", TURN)
+    diff = svc.propose(
+        "alice", "student", RemoveItem(field="strengths", value="Creativity"), "r", TURN
+    )
     svc.edit_block("alice", "student", {"name": "Alice", "strengths": []}, ALICE)
     result = svc.approve(diff.id, "bob")
     assert result.status is DiffStatus.CONFLICTED
@@ -138,11 +145,16 @@ def test_removed_item_gone_since_proposal_conflicts(svc: MemoryService) -> None:
 def test_reviewer_edit_replaces_proposal(svc: MemoryService) -> None:
     diff = svc.propose("alice", "student", AddItem(field="strengths", value="grit"), "r", TURN)
     block = svc.read_block("alice", "student")
-    edited = to_markdown(block.spec, {**block.fields, "strengths": ["Creativity", "Grit, shown twice"]})
+    edited = to_markdown(
+        block.spec, {**block.fields, "strengths": ["Creativity", "Grit, shown twice"]}
+    )
     result = svc.approve(diff.id, "alice", edited_markdown=edited)
     assert result.status is DiffStatus.APPROVED
     assert result.edited_operation is not None
-    assert svc.read_block("alice", "student").fields["strengths"] == ["Creativity", "Grit, shown twice"]
+    assert svc.read_block("alice", "student").fields["strengths"] == [
+        "Creativity",
+        "Grit, shown twice",
+    ]
     commit = svc.history("alice", "student", 1)[0]
     assert commit.trailers["Edited-By-Approver"] == "yes"
     assert commit.trailers["Proposed-By"] == TURN

@@ -82,11 +82,20 @@ def _check_text(spec: BlockSpec, field: str, text: str) -> None:
         if category in ("Cc", "Cs"):
             raise BlockValidationError(
                 f"block '{spec.label}': field '{field}' contains the control character "
-                f"U+{ord(ch):04X}; only newlines and tabs are allowed"
+                f"U+{ord(ch):04X}; only newlines and tabs are allowed",
+                field,
             )
 
 
 def _validate_value(spec: BlockSpec, field: FieldSpec, raw: object) -> FieldValue:
+    try:
+        return _checked_value(spec, field, raw)
+    except BlockValidationError as error:
+        error.field = field.name
+        raise
+
+
+def _checked_value(spec: BlockSpec, field: FieldSpec, raw: object) -> FieldValue:
     where = f"block '{spec.label}': field '{field.name}'"
     if field.type is FieldType.LIST:
         if raw is None:

@@ -14,7 +14,11 @@ class ProfileError(DurableMemoryError):
 
 
 class BlockValidationError(DurableMemoryError):
-    """A block value that violates its schema."""
+    """A block value that violates its schema; `field` names the field at fault, if one is."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class CharLimitExceeded(BlockValidationError):

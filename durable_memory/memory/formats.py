@@ -152,7 +152,10 @@ def from_markdown(spec: BlockSpec, text: str) -> BlockFields:
     try:
         return validate_fields(spec, raw)
     except BlockValidationError as error:
-        raise FormatError(f"{error}") from None
+        if error.field in sections:
+            field, number, _ = sections[error.field]
+            raise FormatError(f"line {number} (section '{field.title}'): {error}") from None
+        raise FormatError(str(error)) from None
 
 
 def render_prompt(spec: BlockSpec, fields: BlockFields) -> str:

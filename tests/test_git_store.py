@@ -1,0 +1,259 @@
+"""The git store: history, restore, concurrency, crash recovery, hand edits, hostile ids."""
+
+import multiprocessing
+import os
+import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from durable_memory.memory.errors import (
+    DurableMemoryError,
+    FormatError,
+    HandEditPending,
+    InvalidIdentifier,
+    UnknownCommit,
+    UnknownUser,
+)
+from durable_memory.memory.service import MemoryService, open_service
+from durable_memory.models.history import Author, AuthorKind
+from durable_memory.models.operations import AddContext
+
+ALICE = Author(name="alice", kind=AuthorKind.USER)
+BACKEND = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
+    ).stdout
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    """Every file under root with its content (the .git internals included)."""
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.endswith(".lock")
+    }
+
+
+@pytest.fixture
+def svc(sqlite_service: MemoryService) -> MemoryService:
+    sqlite_service.ensure_user("alice")
+    return sqlite_service
+
+
+def test_repository_layout_and_authors(svc: MemoryService, data_dir: Path) -> None:
+    repo = data_dir / "users" / "alice"
+    assert sorted(p.name for p in (repo / "blocks").iterdir()) == [
+        "engagement_strategy.toml",
+        "human.toml",
+        "journey.toml",
+        "persona.toml",
+        "student.toml",
+    ]
+    svc.edit_block("alice", "student", {"name": "Alice"}, ALICE)
+    svc.set_task("alice", "Outline", BACKEND)
+    log = _git(repo, "log", "--format=%an <%ae>|%s").splitlines()
+    assert log == [
+        "tutor-backend <service+tutor-backend@localhost>|Set task in human: Outline",
+        "alice <user+alice@localhost>|Edit student",
+        "durable-memory <system+durable-memory@localhost>|Create memory: persona, student, "
+        "journey, engagement_strategy, human",
+    ]
+    assert _git(repo, "status", "--porcelain") == ""
+    assert svc.ensure_user("alice") == svc.git.head("alice")  # idempotent
+
+
+def test_history_read_at_diff_and_restore(svc: MemoryService) -> None:
+    first = svc.edit_block("alice", "student", {"name": "Alice"}, ALICE)
+    second = svc.edit_block("alice", "student", {"name": "Alicia"}, ALICE)
+    svc.set_task("alice", "Outline", BACKEND)  # another block: not in student's history
+    history = svc.history("alice", "student", 10)
+    assert [c.sha for c in history[:2]] == [second, first]
+    assert [c.author for c in history] == ["alice", "alice", "durable-memory"]
+    assert svc.history("alice", "student", 1) == history[:1]
+    assert svc.read_at("alice", "student", first)["name"] == "Alice"
+    assert '-name = "Alice"\n+name = "Alicia"' in svc.diff("alice", "student", first, second)
+
+    restored = svc.restore("alice", "student", first[:10], ALICE)
+    assert svc.read_block("alice", "student").fields["name"] == "Alice"
+    after = svc.history("alice", "student", 10)
+    assert [c.sha for c in after[:3]] == [restored, second, first]  # nothing rewritten
+    assert after[0].trailers == {"Restored-From": first[:10]}
+
+
+def test_bad_history_arguments_are_clear_errors(svc: MemoryService) -> None:
+    head = svc.git.head("alice")
+    with pytest.raises(UnknownCommit, match="no commit abcdef12"):
+        svc.read_at("alice", "student", "abcdef12")
+    with pytest.raises(InvalidIdentifier, match="invalid commit sha"):
+        svc.restore("alice", "student", "HEAD~1", ALICE)
+    with pytest.raises(UnknownUser, match="user 'bob' has no memory"):
+        svc.history("bob", "student")
+    with pytest.raises(DurableMemoryError, match="must be positive"):
+        svc.history("alice", "student", 0)
+    assert svc.git.head("alice") == head
+
+
+HOSTILE_IDS = [
+    "..",
+    ".",
+    "../x",
+    "a/b",
+    "a\\b",
+    "/etc",
+    "/",
+    "a\x00b",
+    ".hidden",
+    "-rf",
+    "_x",
+    "",
+    " alice",
+    "alice ",
+    "al ice",
+    "a\nb",
+    "x" * 65,
+    "аlice",  # Cyrillic 'а'
+    "ａｌｉｃｅ",
+    "alice\u200b",
+    "C:\\x",
+    "~root",
+    "$(id)",
+    "a;b",
+    "%2e%2e",
+]
+
+
+@pytest.mark.parametrize("user_id", HOSTILE_IDS)
+def test_hostile_user_ids_are_refused_and_create_nothing(
+    svc: MemoryService, tmp_path: Path, user_id: str
+) -> None:
+    before = _tree(tmp_path)
+    with pytest.raises(InvalidIdentifier, match="invalid user id"):
+        svc.ensure_user(user_id)
+    with pytest.raises(InvalidIdentifier):
+        svc.read_blocks(user_id)
+    with pytest.raises(InvalidIdentifier):
+        svc.edit_block(user_id, "student", {"name": "x"}, ALICE)
+    assert _tree(tmp_path) == before
+    assert not Path("/etc/blocks").exists()
+
+
+@pytest.mark.parametrize(
+    "label", ["..", "../human", "Human", "a/b", "", "x" * 49, "hümän", "human\n"]
+)
+def test_hostile_labels_are_refused(svc: MemoryService, tmp_path: Path, label: str) -> None:
+    before = _tree(tmp_path)
+    with pytest.raises(InvalidIdentifier, match="invalid block label"):
+        svc.read_block("alice", label)
+    assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("name", ["", " x", "a<b>", "a\nb", "x" * 101, "tab\there"])
+def test_hostile_author_names_are_refused(svc: MemoryService, tmp_path: Path, name: str) -> None:
+    before = _tree(tmp_path)
+    with pytest.raises(DurableMemoryError, match="invalid name"):
+        svc.edit_block("alice", "student", {"name": "x"}, Author(name=name, kind=AuthorKind.USER))
+    assert _tree(tmp_path) == before
+
+
+def test_concurrent_threads_never_lose_a_write(svc: MemoryService) -> None:
+    notes = [f"note {i}" for i in range(24)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda n: svc.add_context("alice", n, BACKEND), notes))
+    history = svc.history("alice", "human", 100)
+    assert len(history) == 25  # 24 notes + creation
+    added = {c.message.removeprefix("Add context to human: ") for c in history[:-1]}
+    assert added == set(notes)
+    repo = svc.git.repo_path("alice")
+    assert _git(repo, "status", "--porcelain") == ""
+    assert len(_git(repo, "rev-list", "--merges", "HEAD").split()) == 0  # linear
+
+
+def _process_writer(data_dir: str, db_url: str, worker: int) -> None:
+    service = open_service(data_dir, db_url, "essay_coach")
+    for i in range(5):
+        service.apply_direct("alice", "human", AddContext(note=f"w{worker}-{i}"), BACKEND)
+
+
+def test_concurrent_processes_never_lose_a_write(svc: MemoryService, data_dir: Path) -> None:
+    url = str(svc.diffs.engine.url)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_process_writer, args=(str(data_dir), url, w)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    history = svc.history("alice", "human", 100)
+    assert len(history) == 21
+    assert _git(svc.git.repo_path("alice"), "fsck", "--no-progress").strip() == ""
+
+
+def test_write_interrupted_before_commit_is_rolled_back(svc: MemoryService) -> None:
+    """A crash between writing the file and committing leaves a journal; the next writer
+    puts the working tree back to HEAD and proceeds."""
+    repo = svc.git.repo_path("alice")
+    head = svc.git.head("alice")
+    (repo / ".git" / "dmem-journal").write_text("student", encoding="utf-8")
+    (repo / "blocks" / "student.toml").write_text('name = "half written', encoding="utf-8")
+    _git(repo, "add", "blocks/student.toml")
+    assert svc.read_block("alice", "student").sha == head  # reads come from HEAD
+    svc.edit_block("alice", "student", {"name": "Alice"}, ALICE)
+    assert svc.read_block("alice", "student").fields["name"] == "Alice"
+    assert _git(repo, "status", "--porcelain") == ""
+    assert not (repo / ".git" / "dmem-journal").exists()
+
+
+def test_hand_edits_are_never_overwritten_and_import_validates(svc: MemoryService) -> None:
+    repo = svc.git.repo_path("alice")
+    path = repo / "blocks" / "student.toml"
+    head = svc.git.head("alice")
+    path.write_text('name = "Alice"\nstrengths = ["Grit", 3]\n', encoding="utf-8")
+    with pytest.raises(
+        HandEditPending, match=re.escape("blocks/student.toml of user 'alice' has changes")
+    ):
+        svc.edit_block("alice", "student", {"name": "Bob"}, ALICE)
+    with pytest.raises(
+        FormatError,
+        match=re.escape(
+            "users/alice/blocks/student.toml: block 'student': "
+            "field 'strengths' must be a list of strings"
+        ),
+    ):
+        svc.commit_hand_edits("alice", ALICE)
+    assert svc.git.head("alice") == head
+    assert path.read_text(encoding="utf-8") == 'name = "Alice"\nstrengths = ["Grit", 3]\n'
+
+    path.write_text('name = "  Alice  "\nstrengths = ["Grit"]\n', encoding="utf-8")
+    sha = svc.commit_hand_edits("alice", ALICE)
+    assert sha is not None
+    assert sha != head
+    assert svc.read_block("alice", "student").fields["name"] == "Alice"
+    assert _git(repo, "status", "--porcelain") == ""
+    assert svc.commit_hand_edits("alice", ALICE) is None
+
+
+def test_invalid_committed_block_is_a_clear_error(svc: MemoryService) -> None:
+    """Someone committed a broken block with plain git: reads say which file and why."""
+    repo = svc.git.repo_path("alice")
+    (repo / "blocks" / "journey.toml").write_text('stage = "sleeping"\n', encoding="utf-8")
+    _git(repo, "-c", "user.name=x", "-c", "user.email=x@y", "commit", "-qam", "oops")
+    with pytest.raises(
+        FormatError,
+        match=r"users/alice/blocks/journey.toml at [0-9a-f]{12}: "
+        "block 'journey': field 'stage' must be one of",
+    ):
+        svc.read_block("alice", "journey")
+
+
+def test_user_repositories_are_separate(svc: MemoryService, data_dir: Path) -> None:
+    svc.ensure_user("bob")
+    svc.edit_block("bob", "student", {"name": "Bob"}, Author(name="bob", kind=AuthorKind.USER))
+    assert svc.read_block("alice", "student").fields["name"] is None
+    assert sorted(os.listdir(data_dir / "users")) == ["alice", "bob"]
+    assert svc.git.users() == ["alice", "bob"]

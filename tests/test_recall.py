@@ -1,0 +1,114 @@
+"""Recall memory on SQLite (FTS5) and PostgreSQL (full text): store, search, filter, paginate."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import Engine
+
+from durable_memory.memory.errors import DurableMemoryError
+from durable_memory.memory.recall import RecallStore
+from durable_memory.models.recall import MessageRole, NewMessage
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def _msg(role: MessageRole, content: str, **kw: str) -> NewMessage:
+    return NewMessage(role=role, content=content, **kw)
+
+
+@pytest.fixture
+def recall(engine: Engine) -> RecallStore:
+    store = RecallStore(engine)
+    store.append(
+        "alice",
+        "t1",
+        [
+            _msg(MessageRole.USER, "I love building robots with my sister"),
+            _msg(MessageRole.ASSISTANT, "What did the robots teach you?"),
+            _msg(
+                MessageRole.TOOL_CALL,
+                '{"label": "student"}',
+                tool_name="core_memory_append",
+                tool_call_id="toolu_1",
+            ),
+            _msg(MessageRole.TOOL_RESULT, "Edit awaits approval", tool_call_id="toolu_1"),
+        ],
+        at=T0,
+    )
+    store.append(
+        "alice",
+        "t2",
+        [_msg(MessageRole.USER, "Robots again, and poetry")],
+        at=T0 + timedelta(days=2),
+    )
+    store.append("bob", "t3", [_msg(MessageRole.USER, "robots robots robots")], at=T0)
+    return store
+
+
+def test_every_message_kept_in_order_with_turn_and_time(recall: RecallStore) -> None:
+    recent = recall.recent("alice", 10)
+    assert [(m.turn_id, m.seq, m.role) for m in recent] == [
+        ("t1", 0, MessageRole.USER),
+        ("t1", 1, MessageRole.ASSISTANT),
+        ("t1", 2, MessageRole.TOOL_CALL),
+        ("t1", 3, MessageRole.TOOL_RESULT),
+        ("t2", 0, MessageRole.USER),
+    ]
+    assert recent[2].tool_name == "core_memory_append"
+    assert recent[2].tool_call_id == "toolu_1"
+    assert recent[0].created_at == T0
+    assert recall.count("alice") == 5
+    assert [m.content for m in recall.recent("alice", 2)][-1] == "Robots again, and poetry"
+
+
+def test_append_is_idempotent_per_turn_and_seq(recall: RecallStore) -> None:
+    again = recall.append(
+        "alice", "t1", [_msg(MessageRole.USER, "I love building robots with my sister")]
+    )
+    assert again[0].id == recall.recent("alice", 10)[0].id
+    assert recall.count("alice") == 5
+
+
+def test_text_search_is_per_user_and_matches_every_word(recall: RecallStore) -> None:
+    page = recall.search("alice", "robots")
+    assert page.total == 3
+    assert {m.user_id for m in page.messages} == {"alice"}
+    assert [m.content for m in recall.search("alice", "robots poetry").messages] == [
+        "Robots again, and poetry"
+    ]
+    assert recall.search("alice", "dinosaurs").total == 0
+    # FTS syntax typed by a person is taken as words, never as an operator or an error.
+    assert recall.search("alice", 'robots" * (').total == 3
+    assert recall.search("alice", "robots OR NEAR(").total == 0  # 'or', 'near' are words here
+
+
+def test_filters_and_pagination(recall: RecallStore) -> None:
+    users = recall.search("alice", "robots", roles=[MessageRole.USER])
+    assert users.total == 2
+    window = recall.search("alice", "", start=T0 + timedelta(days=1), end=T0 + timedelta(days=3))
+    assert [m.turn_id for m in window.messages] == ["t2"]
+    first = recall.search("alice", "", limit=2, offset=0)
+    second = recall.search("alice", "", limit=2, offset=2)
+    third = recall.search("alice", "", limit=2, offset=4)
+    assert (first.total, len(first.messages), len(second.messages), len(third.messages)) == (
+        5,
+        2,
+        2,
+        1,
+    )
+    ids = [m.id for page in (first, second, third) for m in page.messages]
+    assert len(set(ids)) == 5
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"limit": 0}, "limit must be between 1 and 200"),
+        ({"limit": 201}, "limit must be between 1 and 200"),
+        ({"offset": -1}, "offset must not be negative"),
+        ({"start": T0, "end": T0}, "start must be before end"),
+    ],
+)
+def test_bad_search_arguments(recall: RecallStore, kwargs: dict[str, object], error: str) -> None:
+    with pytest.raises(DurableMemoryError, match=error):
+        recall.search("alice", "robots", **kwargs)  # type: ignore[arg-type]
