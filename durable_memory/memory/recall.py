@@ -29,6 +29,7 @@ class RecallMessageRow(SQLModel, table=True):
     content: str
     tool_name: str | None = None
     tool_call_id: str | None = None
+    is_error: bool = False
     created_at: datetime = Field(index=True)
 
 
@@ -48,6 +49,7 @@ def _to_model(row: RecallMessageRow) -> RecallMessage:
         content=row.content,
         tool_name=row.tool_name,
         tool_call_id=row.tool_call_id,
+        is_error=row.is_error,
         created_at=_utc(row.created_at),
     )
 
@@ -93,6 +95,7 @@ class RecallStore:
                     content=message.content,
                     tool_name=message.tool_name,
                     tool_call_id=message.tool_call_id,
+                    is_error=message.is_error,
                     created_at=stamp,
                 )
                 session.add(row)
@@ -102,17 +105,28 @@ class RecallStore:
                 session.refresh(row)
             return [_to_model(row) for row in rows]
 
+    def next_seq(self, user_id: str, turn_id: str) -> int:
+        """The next free seq of a turn (0 for a new turn)."""
+        with Session(self.engine) as session:
+            top = session.exec(
+                select(func.max(RecallMessageRow.seq)).where(
+                    RecallMessageRow.user_id == user_id, RecallMessageRow.turn_id == turn_id
+                )
+            ).one()
+            return 0 if top is None else top + 1
+
     def count(self, user_id: str) -> int:
         with Session(self.engine) as session:
             return session.exec(
                 select(func.count()).where(RecallMessageRow.user_id == user_id)
             ).one()
 
-    def recent(self, user_id: str, limit: int = 50) -> list[RecallMessage]:
-        """The newest `limit` messages, oldest first (the order a context needs)."""
+    def recent(self, user_id: str, limit: int = 50, after_id: int = 0) -> list[RecallMessage]:
+        """The newest `limit` messages with an id above `after_id`, oldest first (the order a
+        context needs)."""
         query = (
             select(RecallMessageRow)
-            .where(RecallMessageRow.user_id == user_id)
+            .where(RecallMessageRow.user_id == user_id, col(RecallMessageRow.id) > after_id)
             .order_by(col(RecallMessageRow.id).desc())
             .limit(limit)
         )

@@ -94,9 +94,10 @@ class PersonaSettings(BaseModel):
 class ModelSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = "claude-sonnet-4-5"
+    name: str = "claude-sonnet-4-6"
     max_tokens: int = Field(default=1024, gt=0, le=64_000)
-    temperature: float = Field(default=0.7, ge=0.0, le=1.0)
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    """Sent only when set: the API deprecated it, and newer models refuse non-default values."""
     context_window: int = Field(default=200_000, gt=0)
 
 

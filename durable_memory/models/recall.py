@@ -21,6 +21,8 @@ class NewMessage(BaseModel):
     content: str = Field(max_length=1_000_000)
     tool_name: str | None = None
     tool_call_id: str | None = None
+    is_error: bool = False
+    """For tool results: the tool reported an error to the model."""
 
 
 class RecallMessage(NewMessage):

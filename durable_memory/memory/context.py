@@ -1,0 +1,218 @@
+"""compile_context: everything one model call needs, and how much of the window it takes.
+
+The system prompt is: the profile's instructions (not editable by the agent), the memory
+blocks in Letta's rendering, a memory-metadata section (archival and recall counts, when
+memory last changed, the agent's own pending proposals), and the conversation summary if
+older messages were summarised. The messages are recall's messages after the summary. The
+output is a pure function of the stored state: compiling twice gives the same bytes.
+"""
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from durable_memory.memory.formats import render_memory
+from durable_memory.memory.service import MemoryService
+from durable_memory.memory.summaries import SummaryStore
+from durable_memory.memory.tokens import count_tokens
+from durable_memory.models.diffs import DiffStatus
+from durable_memory.models.llm import (
+    ChatMessage,
+    ContentBlock,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from durable_memory.models.recall import MessageRole, RecallMessage
+
+DEFAULT_OVERFLOW_SHARE = 0.9
+KEEP_SHARE_AFTER_SUMMARY = 0.5
+"""After summarising, the kept messages take at most this share of the message budget."""
+
+Summarizer = Callable[[Sequence[RecallMessage], str | None], str]
+"""(messages to fold in, previous summary) -> new summary. In production: a model call."""
+
+
+class ContextWindowOverview(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    context_window: int
+    system_tokens: int
+    core_memory_tokens: int
+    metadata_tokens: int
+    summary_tokens: int
+    messages_tokens: int
+    tools_tokens: int
+    total_tokens: int
+    share_used: float
+    message_count: int
+    recall_message_count: int
+    archival_passage_count: int
+    summarized_through_message_id: int
+
+
+class CompiledContext(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    system: str
+    messages: list[ChatMessage]
+    tools: list[dict[str, Any]]
+    overview: ContextWindowOverview
+    last_message_id: int
+
+
+def to_chat_messages(messages: Sequence[RecallMessage]) -> list[ChatMessage]:
+    """Recall messages as Messages API turns: consecutive blocks of one role are merged, and a
+    tool call whose result never arrived (a turn cut short) is left out."""
+    answered = {m.tool_call_id for m in messages if m.role is MessageRole.TOOL_RESULT}
+    turns: list[tuple[str, list[ContentBlock]]] = []
+    for m in messages:
+        block: ContentBlock
+        if m.role is MessageRole.USER:
+            role, block = "user", TextBlock(text=m.content)
+        elif m.role is MessageRole.ASSISTANT:
+            role, block = "assistant", TextBlock(text=m.content)
+        elif m.role is MessageRole.TOOL_CALL and m.tool_call_id in answered:
+            role = "assistant"
+            block = ToolUseBlock(
+                id=m.tool_call_id or "", name=m.tool_name or "", input=json.loads(m.content)
+            )
+        elif m.role is MessageRole.TOOL_RESULT:
+            role = "user"
+            block = ToolResultBlock(
+                tool_use_id=m.tool_call_id or "", content=m.content, is_error=m.is_error
+            )
+        else:
+            continue
+        if turns and turns[-1][0] == role:
+            turns[-1][1].append(block)
+        else:
+            turns.append((role, [block]))
+    while turns and turns[0][0] != "user":
+        turns.pop(0)
+    return [ChatMessage.model_validate({"role": r, "content": b}) for r, b in turns]
+
+
+def _metadata(service: MemoryService, user_id: str, archival_count: int, recall_count: int) -> str:
+    last = service.git.history(user_id, None, 1)
+    own = [
+        d
+        for d in service.diffs.list(user_id, [DiffStatus.PENDING])
+        if d.proposed_by.startswith("turn:")
+    ]
+    changed = last[0].timestamp.isoformat() if last else "never"
+    lines = [
+        "<memory_metadata>",
+        f"- Memory blocks were last modified at {changed}",
+        f"- {recall_count} messages between you and the user are stored in recall memory "
+        "(use conversation_search to find them)",
+        f"- {archival_count} passages are stored in archival memory "
+        "(use archival_memory_search to find them)",
+    ]
+    if own:
+        lines.append("- Your memory edits awaiting human approval (do not propose them again):")
+        lines.extend(f"  - {d.id}: {d.summary}" for d in sorted(own, key=lambda d: d.id))
+    else:
+        lines.append("- You have no memory edits awaiting approval")
+    lines.append("</memory_metadata>")
+    return "\n".join(lines)
+
+
+def _cut_index(messages: Sequence[RecallMessage], keep_budget: int) -> int:
+    """Where the kept messages start: the newest that fit in `keep_budget` tokens, starting
+    at a user message so that no tool call is separated from its result. 0: nothing to cut."""
+    kept = 0
+    cut = len(messages)
+    for index in range(len(messages) - 1, -1, -1):
+        kept += count_tokens(messages[index].content)
+        if messages[index].role is MessageRole.USER:
+            if kept > keep_budget and cut < len(messages):
+                break
+            cut = index
+    return cut if cut < len(messages) else 0
+
+
+def compile_context(
+    service: MemoryService,
+    summaries: SummaryStore,
+    user_id: str,
+    tools: list[dict[str, Any]],
+    *,
+    archival_count: int = 0,
+    overflow_share: float = DEFAULT_OVERFLOW_SHARE,
+    summarizer: Summarizer | None = None,
+) -> CompiledContext:
+    """Compile the context; if messages push it past `overflow_share` of the window and a
+    summarizer is given, fold the oldest messages into the summary first."""
+    context = _compile(service, summaries, user_id, tools, archival_count)
+    window = service.profile.model.context_window
+    if summarizer is None or context.overview.total_tokens <= overflow_share * window:
+        return context
+    after, previous = _summary(summaries, user_id)
+    messages = service.recall.recent(user_id, limit=1_000_000, after_id=after)
+    fixed = context.overview.total_tokens - context.overview.messages_tokens
+    budget = max(0, int(overflow_share * window) - fixed)
+    cut = _cut_index(messages, int(budget * KEEP_SHARE_AFTER_SUMMARY))
+    if cut == 0:
+        return context
+    folded = messages[:cut]
+    summaries.add(user_id, folded[-1].id, summarizer(folded, previous))
+    return _compile(service, summaries, user_id, tools, archival_count)
+
+
+def _summary(summaries: SummaryStore, user_id: str) -> tuple[int, str | None]:
+    latest = summaries.latest(user_id)
+    return (latest[0], latest[1]) if latest else (0, None)
+
+
+def _compile(
+    service: MemoryService,
+    summaries: SummaryStore,
+    user_id: str,
+    tools: list[dict[str, Any]],
+    archival_count: int,
+) -> CompiledContext:
+    profile = service.profile
+    blocks = service.read_blocks(user_id)
+    core = render_memory({b.label: (b.spec, b.fields) for b in blocks.values()})
+    recall_count = service.recall.count(user_id)
+    metadata = _metadata(service, user_id, archival_count, recall_count)
+    after, summary = _summary(summaries, user_id)
+    summary_text = f"<conversation_summary>\n{summary}\n</conversation_summary>" if summary else ""
+    instructions = profile.persona.instructions.strip()
+    system = "\n\n".join(p for p in (instructions, core, metadata, summary_text) if p)
+    recent = service.recall.recent(user_id, limit=1_000_000, after_id=after)
+    messages = to_chat_messages(recent)
+    tokens = {
+        "system": count_tokens(instructions),
+        "core": count_tokens(core),
+        "metadata": count_tokens(metadata),
+        "summary": count_tokens(summary_text),
+        "messages": sum(count_tokens(m.model_dump_json()) for m in messages),
+        "tools": count_tokens(json.dumps(tools, sort_keys=True)),
+    }
+    total = sum(tokens.values())
+    window = profile.model.context_window
+    return CompiledContext(
+        system=system,
+        messages=messages,
+        tools=tools,
+        last_message_id=recent[-1].id if recent else after,
+        overview=ContextWindowOverview(
+            context_window=window,
+            system_tokens=tokens["system"],
+            core_memory_tokens=tokens["core"],
+            metadata_tokens=tokens["metadata"],
+            summary_tokens=tokens["summary"],
+            messages_tokens=tokens["messages"],
+            tools_tokens=tokens["tools"],
+            total_tokens=total,
+            share_used=round(total / window, 6),
+            message_count=len(recent),
+            recall_message_count=recall_count,
+            archival_passage_count=archival_count,
+            summarized_through_message_id=after,
+        ),
+    )

@@ -1,0 +1,57 @@
+"""Conversation summaries: when messages overflow the context window, the oldest are summarised.
+
+The summarised messages are never deleted: they stay in recall, searchable. A summary records
+the id of the last message it covers; the context shows the summary and the messages after it.
+"""
+
+from datetime import UTC, datetime
+
+from sqlalchemy import Engine, UniqueConstraint
+from sqlmodel import Field, Session, SQLModel, col, select
+
+
+class ConversationSummaryRow(SQLModel, table=True):
+    __tablename__ = "conversation_summaries"
+    __table_args__ = (UniqueConstraint("user_id", "through_message_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    user_id: str = Field(index=True, max_length=64)
+    through_message_id: int
+    text: str
+    created_at: datetime
+
+
+class SummaryStore:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def latest(self, user_id: str) -> tuple[int, str] | None:
+        """(id of the last message covered, summary text), or None."""
+        with Session(self.engine) as session:
+            row = session.exec(
+                select(ConversationSummaryRow)
+                .where(ConversationSummaryRow.user_id == user_id)
+                .order_by(col(ConversationSummaryRow.through_message_id).desc())
+                .limit(1)
+            ).first()
+            return (row.through_message_id, row.text) if row else None
+
+    def add(self, user_id: str, through_message_id: int, text: str) -> None:
+        """Idempotent: a summary through the same message is stored once."""
+        with Session(self.engine) as session:
+            exists = session.exec(
+                select(ConversationSummaryRow.id).where(
+                    ConversationSummaryRow.user_id == user_id,
+                    ConversationSummaryRow.through_message_id == through_message_id,
+                )
+            ).first()
+            if exists is None:
+                session.add(
+                    ConversationSummaryRow(
+                        user_id=user_id,
+                        through_message_id=through_message_id,
+                        text=text,
+                        created_at=datetime.now(UTC),
+                    )
+                )
+                session.commit()
