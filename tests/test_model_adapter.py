@@ -36,14 +36,27 @@ def test_text_reply_and_recorded_request() -> None:
 
 
 def test_tool_use_reply() -> None:
-    reply, _ = _call([{"content": [
-        {"type": "text", "text": "Noting that."},
-        {"type": "tool_use", "name": "core_memory_append", "input": {"label": "notes", "content": "x"}},
-    ]}])
+    reply, _ = _call(
+        [
+            {
+                "content": [
+                    {"type": "text", "text": "Noting that."},
+                    {
+                        "type": "tool_use",
+                        "name": "core_memory_append",
+                        "input": {"label": "notes", "content": "x"},
+                    },
+                ]
+            }
+        ]
+    )
     assert reply.stop_reason == "tool_use"
     assert reply.tool_uses == [
-        ToolUseBlock(id="toolu_scripted_0001", name="core_memory_append",
-                     input={"label": "notes", "content": "x"})
+        ToolUseBlock(
+            id="toolu_scripted_0001",
+            name="core_memory_append",
+            input={"label": "notes", "content": "x"},
+        )
     ]
 
 
@@ -66,7 +79,9 @@ def test_tool_use_reply() -> None:
 def test_errors_are_classified_for_retry(
     status: int, kind: str, headers: dict[str, str], retryable: bool, retry_after: float | None
 ) -> None:
-    script = [{"status": status, "error_type": kind, "message": f"scripted {status}", "headers": headers}]
+    script = [
+        {"status": status, "error_type": kind, "message": f"scripted {status}", "headers": headers}
+    ]
     with pytest.raises(ModelCallError) as info:
         _call(script)
     error = info.value
@@ -77,7 +92,10 @@ def test_errors_are_classified_for_retry(
 
 def test_sdk_retries_are_off() -> None:
     """One failing response is consumed once: the SDK did not retry behind our back."""
-    script = [{"status": 529, "error_type": "overloaded_error"}, {"text": "late"}]
+    script: list[dict[str, Any]] = [
+        {"status": 529, "error_type": "overloaded_error"},
+        {"text": "late"},
+    ]
     with ScriptedModelServer(script) as server:
         model = AnthropicModel(base_url=server.url)
         with pytest.raises(ModelCallError):
@@ -104,7 +122,7 @@ def test_unreachable_server_is_retryable() -> None:
 def test_no_key_and_no_base_url_says_how_to_set_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     monkeypatch.delenv("ANTHROPIC_BASE_URL", raising=False)
-    with pytest.raises(ModelConfigError, match="set ANTHROPIC_API_KEY .* or ANTHROPIC_BASE_URL"):
+    with pytest.raises(ModelConfigError, match=r"set ANTHROPIC_API_KEY .* or ANTHROPIC_BASE_URL"):
         AnthropicModel()
 
 

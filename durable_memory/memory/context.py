@@ -29,6 +29,8 @@ from durable_memory.models.recall import MessageRole, RecallMessage
 
 DEFAULT_OVERFLOW_SHARE = 0.9
 KEEP_SHARE_AFTER_SUMMARY = 0.5
+MESSAGE_OVERHEAD_TOKENS = 4
+"""Per message, for the role and framing around its content block."""
 """After summarising, the kept messages take at most this share of the message budget."""
 
 Summarizer = Callable[[Sequence[RecallMessage], str | None], str]
@@ -63,29 +65,41 @@ class CompiledContext(BaseModel):
     last_message_id: int
 
 
+def _block(m: RecallMessage) -> tuple[str, ContentBlock] | None:
+    """The Messages API role and content block a recall message becomes (None: not sent)."""
+    if m.role is MessageRole.USER:
+        return "user", TextBlock(text=m.content)
+    if m.role is MessageRole.ASSISTANT:
+        return "assistant", TextBlock(text=m.content)
+    if m.role is MessageRole.TOOL_CALL:
+        use = ToolUseBlock(
+            id=m.tool_call_id or "", name=m.tool_name or "", input=json.loads(m.content)
+        )
+        return "assistant", use
+    if m.role is MessageRole.TOOL_RESULT:
+        result = ToolResultBlock(
+            tool_use_id=m.tool_call_id or "", content=m.content, is_error=m.is_error
+        )
+        return "user", result
+    return None
+
+
+def message_tokens(m: RecallMessage) -> int:
+    """Tokens a recall message costs in the context: its content block as sent."""
+    block = _block(m)
+    return count_tokens(block[1].model_dump_json()) + MESSAGE_OVERHEAD_TOKENS if block else 0
+
+
 def to_chat_messages(messages: Sequence[RecallMessage]) -> list[ChatMessage]:
     """Recall messages as Messages API turns: consecutive blocks of one role are merged, and a
     tool call whose result never arrived (a turn cut short) is left out."""
     answered = {m.tool_call_id for m in messages if m.role is MessageRole.TOOL_RESULT}
     turns: list[tuple[str, list[ContentBlock]]] = []
     for m in messages:
-        block: ContentBlock
-        if m.role is MessageRole.USER:
-            role, block = "user", TextBlock(text=m.content)
-        elif m.role is MessageRole.ASSISTANT:
-            role, block = "assistant", TextBlock(text=m.content)
-        elif m.role is MessageRole.TOOL_CALL and m.tool_call_id in answered:
-            role = "assistant"
-            block = ToolUseBlock(
-                id=m.tool_call_id or "", name=m.tool_name or "", input=json.loads(m.content)
-            )
-        elif m.role is MessageRole.TOOL_RESULT:
-            role = "user"
-            block = ToolResultBlock(
-                tool_use_id=m.tool_call_id or "", content=m.content, is_error=m.is_error
-            )
-        else:
+        found = _block(m)
+        if found is None or (m.role is MessageRole.TOOL_CALL and m.tool_call_id not in answered):
             continue
+        role, block = found
         if turns and turns[-1][0] == role:
             turns[-1][1].append(block)
         else:
@@ -126,7 +140,7 @@ def _cut_index(messages: Sequence[RecallMessage], keep_budget: int) -> int:
     kept = 0
     cut = len(messages)
     for index in range(len(messages) - 1, -1, -1):
-        kept += count_tokens(messages[index].content)
+        kept += message_tokens(messages[index])
         if messages[index].role is MessageRole.USER:
             if kept > keep_budget and cut < len(messages):
                 break
@@ -190,7 +204,7 @@ def _compile(
         "core": count_tokens(core),
         "metadata": count_tokens(metadata),
         "summary": count_tokens(summary_text),
-        "messages": sum(count_tokens(m.model_dump_json()) for m in messages),
+        "messages": sum(message_tokens(m) for m in recent),
         "tools": count_tokens(json.dumps(tools, sort_keys=True)),
     }
     total = sum(tokens.values())

@@ -1,0 +1,115 @@
+"""Helpers for running turns through the real SDK against the scripted model server."""
+
+from typing import Any
+
+from sqlalchemy import Engine
+
+from durable_memory.memory.agent import TurnResult, run_turn
+from durable_memory.memory.archive import ArchiveStore
+from durable_memory.memory.llm import AnthropicModel
+from durable_memory.memory.profiles import parse_profile
+from durable_memory.memory.service import MemoryService
+from durable_memory.memory.summaries import SummaryStore
+from durable_memory.memory.tools import MemoryTools
+from durable_memory.models.blocks import AgentProfile
+from durable_memory.scripted_model import ScriptedModelServer
+
+TEST_PROFILE = """
+name = "tools-test"
+[persona]
+name = "Tester"
+role = "test agent"
+instructions = "You are a test agent with memory."
+[model]
+name = "claude-sonnet-4-6"
+max_tokens = 512
+context_window = 200000
+
+[[blocks]]
+label = "persona"
+kind = "persona"
+preset = "default"
+description = "Who you are."
+limit = 1500
+read_only = true
+
+[[blocks]]
+label = "notes"
+kind = "text"
+description = "Free-form notes about the user."
+limit = 200
+[blocks.default]
+value = "Likes tea\\nLives in Lyon\\nLikes tea with lemon"
+
+[[blocks]]
+label = "student"
+kind = "fields"
+description = "Who the student is."
+limit = 500
+[[blocks.fields]]
+name = "name"
+type = "str"
+[[blocks.fields]]
+name = "strengths"
+type = "list[str]"
+max_items = 2
+[[blocks.fields]]
+name = "stage"
+type = "enum"
+choices = ["exploring", "drafting"]
+default = "exploring"
+required = true
+
+[[blocks]]
+label = "human"
+kind = "human"
+description = "The user."
+limit = 1500
+"""
+
+
+def agent_test_profile(**model: Any) -> AgentProfile:
+    profile = parse_profile(TEST_PROFILE, "tests/agent_helpers.py")
+    if model:
+        return profile.model_copy(update={"model": profile.model.model_copy(update=model)})
+    return profile
+
+
+def tool_use(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"type": "tool_use", "name": name, "input": arguments}
+
+
+def run_scripted_turn(
+    service: MemoryService,
+    engine: Engine,
+    script: list[dict[str, Any]],
+    message: str,
+    *,
+    user_id: str = "alice",
+    turn_id: str = "t1",
+    archive: ArchiveStore | None = None,
+    max_steps: int = 8,
+) -> tuple[TurnResult, list[dict[str, Any]]]:
+    with ScriptedModelServer(script) as server:
+        model = AnthropicModel(base_url=server.url)
+        try:
+            result = run_turn(
+                service,
+                SummaryStore(engine),
+                model,
+                MemoryTools(service, archive),
+                user_id,
+                turn_id,
+                message,
+                max_steps=max_steps,
+            )
+        finally:
+            model.close()
+        return result, server.requests
+
+
+def tool_results(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tool_result blocks of the last user message of a recorded request."""
+    last = request["messages"][-1]
+    assert last["role"] == "user"
+    return [b for b in last["content"] if b["type"] == "tool_result"]
