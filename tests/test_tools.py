@@ -298,7 +298,7 @@ def test_tools_offered_to_the_model(svc: MemoryService, engine: Engine) -> None:
 
 
 def test_several_calls_in_one_step_and_the_step_loop(svc: MemoryService, engine: Engine) -> None:
-    script = [
+    script: list[dict[str, Any]] = [
         {
             "content": [
                 {"type": "text", "text": "Let me note both."},
