@@ -1,13 +1,16 @@
 """Each memory tool through the real SDK and the scripted server: success and every error the
 model can cause. Edit tools never change memory; errors never fail the turn."""
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine
 
+from durable_memory.memory.archive_sqlite import SqliteArchive
 from durable_memory.memory.diffs import DiffStore
+from durable_memory.memory.embedders import default_embedder
 from durable_memory.memory.git_store import GitBlockStore
 from durable_memory.memory.recall import RecallStore
 from durable_memory.memory.service import MemoryService
@@ -344,3 +347,81 @@ def test_step_limit_ends_the_turn_and_says_so(svc: MemoryService, engine: Engine
     assert "stopped after 3 model steps" in result.reply
     messages = svc.recall.recent("alice", 50)
     assert messages[-1].content.startswith("[stopped after 3 model steps")
+
+
+@pytest.fixture
+def archive(tmp_path: Path) -> SqliteArchive:
+    return SqliteArchive(tmp_path / "archive.db", default_embedder())
+
+
+def test_archival_insert_and_search(
+    svc: MemoryService, engine: Engine, archive: SqliteArchive
+) -> None:
+    insert = tool_use(
+        "archival_memory_insert", content="Alice's robot is named Bolt.", tags=["robots"]
+    )
+    _result, requests = run_scripted_turn(
+        svc, engine, [{"content": [insert]}, {"text": "ok"}], "hi", archive=archive
+    )
+    (outcome,) = tool_results(requests[1])
+    assert outcome.get("is_error", False) is False
+    (passage,) = archive.page("alice")
+    assert outcome["content"].startswith(f"Stored in archival memory as passage {passage.id}")
+    assert (passage.source.value, passage.tags) == ("agent", ("robots",))
+    search = tool_use(
+        "archival_memory_search", query="what is the robot called", tags=["robots"], top_k=3
+    )
+    _, requests = run_scripted_turn(
+        svc, engine, [{"content": [search]}, {"text": "ok"}], "q", turn_id="t2", archive=archive
+    )
+    (found,) = tool_results(requests[1])
+    body = json.loads(found["content"])
+    assert [r["id"] for r in body["results"]] == [passage.id]
+    assert body["results"][0]["text"] == "Alice's robot is named Bolt."
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            tool_use("archival_memory_insert", content="word " * 8300),
+            "over the archival limit of 8192; split it into several inserts",
+        ),
+        (
+            tool_use("archival_memory_insert", content=""),
+            "content: String should have at least 1 character",
+        ),
+        (tool_use("archival_memory_insert", content="x", tags=["\x00"]), "invalid tag"),
+        (
+            tool_use("archival_memory_search", query="x", tag_match_mode="some"),
+            "tag_match_mode: Input should be 'any' or 'all'",
+        ),
+        (
+            tool_use("archival_memory_search", query="x", start_datetime="yesterday"),
+            "start_datetime: Input should be a valid datetime",
+        ),
+        (
+            tool_use(
+                "archival_memory_search",
+                query="x",
+                start_datetime="2026-02-01T00:00:00Z",
+                end_datetime="2026-01-01T00:00:00Z",
+            ),
+            "start must be before end",
+        ),
+        (
+            tool_use("archival_memory_search", query="x", top_k=0),
+            "top_k: Input should be greater than or equal to 1",
+        ),
+    ],
+)
+def test_archival_errors_are_error_results(
+    svc: MemoryService, engine: Engine, archive: SqliteArchive, call: dict[str, Any], message: str
+) -> None:
+    _, requests = run_scripted_turn(
+        svc, engine, [{"content": [call]}, {"text": "ok"}], "hi", archive=archive
+    )
+    (outcome,) = tool_results(requests[1])
+    assert outcome["is_error"] is True
+    assert message in outcome["content"]
+    assert archive.count("alice") == 0

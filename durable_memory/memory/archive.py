@@ -1,9 +1,13 @@
 """The archival memory interface; backends live in memory/archive_sqlite.py and
 memory/archive_weaviate.py."""
 
+import unicodedata
 import uuid
 from typing import Protocol
 
+from durable_memory.memory.errors import DurableMemoryError
+from durable_memory.memory.ids import validate_user_id
+from durable_memory.memory.tokens import count_tokens, split_tokens
 from durable_memory.models.archive import ArchiveSearch, NewPassage, Passage, PassageHit
 
 PASSAGE_NAMESPACE = uuid.UUID("5b0e3c1e-4a7f-4d2e-9f57-6f1d0c2b8a11")
@@ -34,3 +38,83 @@ class ArchiveStore(Protocol):
         ...
 
     def delete(self, user_id: str, ids: list[str]) -> int: ...
+
+
+SYSTEM_CHUNK_TOKENS = 512
+"""Chunk size for text archived by the system: the embedder reads 512 tokens at most."""
+
+MAX_TAGS = 20
+
+
+class ArchiveError(DurableMemoryError):
+    """A bad archive request or an archive that cannot be used."""
+
+
+def check_passage(passage: NewPassage, *, chunk: bool) -> list[str]:
+    """Validate a passage; return its chunks (one unless `chunk` and the text is long)."""
+    validate_user_id(passage.user_id)
+    if not passage.text.strip():
+        raise ArchiveError("an archival passage needs some text")
+    if len(passage.tags) > MAX_TAGS:
+        raise ArchiveError(f"at most {MAX_TAGS} tags per passage, got {len(passage.tags)}")
+    for tag in passage.tags:
+        if not tag or len(tag) > 64 or any(unicodedata.category(c) == "Cc" for c in tag):
+            raise ArchiveError(f"invalid tag {tag!r:.70}: 1-64 characters, no control characters")
+    if chunk:
+        return chunk_text(passage.text, SYSTEM_CHUNK_TOKENS)
+    tokens = count_tokens(passage.text)
+    if tokens > AGENT_INSERT_TOKEN_LIMIT:
+        raise ArchiveError(
+            f"passage is {tokens} tokens, over the archival limit of {AGENT_INSERT_TOKEN_LIMIT}; "
+            "split it into several inserts"
+        )
+    return [passage.text]
+
+
+def chunk_text(text: str, max_tokens: int) -> list[str]:
+    """Split on line boundaries into chunks of at most `max_tokens`; an over-long line is cut
+    at token boundaries. Nothing is lost: the chunks in order hold every character."""
+    chunks: list[str] = []
+    current: list[str] = []
+    size = 0
+    for line in text.split("\n"):
+        cost = count_tokens(line) + 1
+        if cost > max_tokens:
+            if current:
+                chunks.append("\n".join(current))
+                current, size = [], 0
+            chunks.extend(split_tokens(line, max_tokens))
+            continue
+        if size + cost > max_tokens and current:
+            chunks.append("\n".join(current))
+            current, size = [], 0
+        current.append(line)
+        size += cost
+    if current:
+        chunks.append("\n".join(current))
+    return chunks
+
+
+def chunk_ids(passage: NewPassage, chunks: list[str]) -> list[str]:
+    key = passage.dedupe_key if passage.dedupe_key is not None else passage.text
+    return [passage_id(passage.user_id, passage.source.value, key, i) for i in range(len(chunks))]
+
+
+def relative_score_fusion(
+    vector: dict[str, float], keyword: dict[str, float], alpha: float
+) -> dict[str, float]:
+    """Weaviate's relativeScoreFusion: each leg min-max normalised (best 1, worst 0; a leg of
+    equal scores gives 1), weighted `alpha` for vectors and `1 - alpha` for BM25; an object
+    missing from a leg scores 0 there."""
+
+    def normalise(scores: dict[str, float]) -> dict[str, float]:
+        if not scores:
+            return {}
+        low, high = min(scores.values()), max(scores.values())
+        span = high - low
+        return {k: (v - low) / span if span > 0 else 1.0 for k, v in scores.items()}
+
+    v, k = normalise(vector), normalise(keyword)
+    return {
+        key: alpha * v.get(key, 0.0) + (1 - alpha) * k.get(key, 0.0) for key in v.keys() | k.keys()
+    }

@@ -8,6 +8,7 @@ A block's *value* (what the model sees inside `<value>`, what the char limit cou
 
 import unicodedata
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from durable_memory.memory.errors import BlockValidationError, CharLimitExceeded
 from durable_memory.models.blocks import (
@@ -139,11 +140,15 @@ def _checked_value(spec: BlockSpec, field: FieldSpec, raw: object) -> FieldValue
     return text
 
 
-def validate_fields(spec: BlockSpec, raw: Mapping[str, object]) -> BlockFields:
+def validate_fields(
+    spec: BlockSpec, raw: Mapping[str, object], *, enforce_limit: bool = True
+) -> BlockFields:
     """Normalise and check a block's fields against its schema and char limit.
 
     Strings are stripped, empty optional strings become None, missing lists become []. The
-    result is what the block stores; validating it again returns it unchanged.
+    result is what the block stores; validating it again returns it unchanged. Reads pass
+    `enforce_limit=False`: a block over a limit lowered since it was written stays readable
+    (and rotation brings it back under); every write enforces the limit.
     """
     names = {f.name for f in spec.fields}
     unknown = sorted(set(raw) - names)
@@ -154,7 +159,7 @@ def validate_fields(spec: BlockSpec, raw: Mapping[str, object]) -> BlockFields:
         )
     fields = {f.name: _validate_value(spec, f, raw.get(f.name)) for f in spec.fields}
     size = len(render_value(spec, fields))
-    if size > spec.limit:
+    if enforce_limit and size > spec.limit:
         raise CharLimitExceeded(spec.label, size, spec.limit)
     return fields
 
@@ -176,55 +181,74 @@ def _text(fields: BlockFields, name: str) -> str:
     return value if isinstance(value, str) else ""
 
 
-def render_persona(fields: BlockFields) -> str:
-    """The seed's PersonaBlock.to_memory_string()."""
-    lines = [f"[IDENTITY] {_text(fields, 'name')} | {_text(fields, 'role')}"]
+@dataclass(frozen=True)
+class ValueLine:
+    """One line of a typed block's rendering and the fields it shows."""
+
+    text: str
+    fields: tuple[str, ...]
+
+
+def persona_lines(fields: BlockFields) -> list[ValueLine]:
+    """The seed's PersonaBlock.to_memory_string(), line by line."""
+    lines = [
+        ValueLine(f"[IDENTITY] {_text(fields, 'name')} | {_text(fields, 'role')}", ("name", "role"))
+    ]
     if capabilities := _items(fields, "capabilities"):
-        lines.append(f"[CAPABILITIES] {', '.join(capabilities)}")
+        lines.append(ValueLine(f"[CAPABILITIES] {', '.join(capabilities)}", ("capabilities",)))
     if expertise := _items(fields, "expertise"):
-        lines.append(f"[EXPERTISE] {', '.join(expertise)}")
-    lines.append(f"[STYLE] {_text(fields, 'tone')}, {_text(fields, 'verbosity')}")
+        lines.append(ValueLine(f"[EXPERTISE] {', '.join(expertise)}", ("expertise",)))
+    lines.append(
+        ValueLine(
+            f"[STYLE] {_text(fields, 'tone')}, {_text(fields, 'verbosity')}", ("tone", "verbosity")
+        )
+    )
     if constraints := _items(fields, "constraints"):
-        lines.append(f"[CONSTRAINTS] {'; '.join(constraints)}")
-    return "\n".join(lines)
+        lines.append(ValueLine(f"[CONSTRAINTS] {'; '.join(constraints)}", ("constraints",)))
+    return lines
 
 
-def render_human(fields: BlockFields) -> str:
-    """The seed's HumanBlock.to_memory_string()."""
+def human_lines(fields: BlockFields) -> list[ValueLine]:
+    """The seed's HumanBlock.to_memory_string(), line by line."""
     lines = []
     who = " | ".join(p for p in (_text(fields, "name"), _text(fields, "role")) if p)
     if who:
-        lines.append(f"[USER] {who}")
+        lines.append(ValueLine(f"[USER] {who}", ("name", "role")))
     if task := _text(fields, "current_task"):
-        lines.append(f"[TASK] {task}")
-    lines.append(f"[STATE] {_text(fields, 'session_state')}")
+        lines.append(ValueLine(f"[TASK] {task}", ("current_task",)))
+    lines.append(ValueLine(f"[STATE] {_text(fields, 'session_state')}", ("session_state",)))
     if preferences := _items(fields, "preferences"):
-        lines.append(f"[PREFS] {'; '.join(preferences)}")
+        lines.append(ValueLine(f"[PREFS] {'; '.join(preferences)}", ("preferences",)))
     if facts := _items(fields, "facts"):
-        lines.append(f"[FACTS] {'; '.join(facts)}")
+        lines.append(ValueLine(f"[FACTS] {'; '.join(facts)}", ("facts",)))
     if notes := _items(fields, "context_notes")[-HUMAN_CONTEXT_RENDERED:]:
-        lines.append(f"[CONTEXT] {'; '.join(notes)}")
-    return "\n".join(lines)
+        lines.append(ValueLine(f"[CONTEXT] {'; '.join(notes)}", ("context_notes",)))
+    return lines
 
 
-def render_typed(spec: BlockSpec, fields: BlockFields) -> str:
+def typed_lines(spec: BlockSpec, fields: BlockFields) -> list[ValueLine]:
     lines = []
     for field in spec.fields:
         value = fields.get(field.name)
         tag = field.name.upper()
         if isinstance(value, list) and value:
-            lines.append(f"[{tag}] {'; '.join(value)}")
+            lines.append(ValueLine(f"[{tag}] {'; '.join(value)}", (field.name,)))
         elif isinstance(value, str) and value:
-            lines.append(f"[{tag}] {value}")
-    return "\n".join(lines)
+            lines.append(ValueLine(f"[{tag}] {value}", (field.name,)))
+    return lines
+
+
+def value_lines(spec: BlockSpec, fields: BlockFields) -> list[ValueLine]:
+    """The rendering of a typed block, one ValueLine per line (text blocks: not line-typed)."""
+    if spec.kind is BlockKind.PERSONA:
+        return persona_lines(fields)
+    if spec.kind is BlockKind.HUMAN:
+        return human_lines(fields)
+    return typed_lines(spec, fields)
 
 
 def render_value(spec: BlockSpec, fields: BlockFields) -> str:
     """What the model sees as the block's value; the char limit counts its characters."""
     if spec.kind is BlockKind.TEXT:
         return _text(fields, "value")
-    if spec.kind is BlockKind.PERSONA:
-        return render_persona(fields)
-    if spec.kind is BlockKind.HUMAN:
-        return render_human(fields)
-    return render_typed(spec, fields)
+    return "\n".join(line.text for line in value_lines(spec, fields))

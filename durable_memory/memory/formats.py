@@ -37,14 +37,16 @@ def to_toml(spec: BlockSpec, fields: BlockFields) -> str:
     return tomli_w.dumps(data, multiline_strings=True)
 
 
-def from_toml(spec: BlockSpec, text: str, source: str) -> BlockFields:
+def from_toml(
+    spec: BlockSpec, text: str, source: str, *, enforce_limit: bool = True
+) -> BlockFields:
     """Parse and validate a stored block; errors name `source` and, for syntax, the line."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise FormatError(f"{source}: not valid TOML: {error}") from None
     try:
-        return validate_fields(spec, raw)
+        return validate_fields(spec, raw, enforce_limit=enforce_limit)
     except BlockValidationError as error:
         raise FormatError(f"{source}: {error}") from None
 

@@ -69,7 +69,9 @@ SYSTEM = Author(name="durable-memory", kind=AuthorKind.SYSTEM)
 class TaskArchive(Protocol):
     """Where clear_task(archive=True) puts the finished task (archival memory)."""
 
-    def archive_task(self, user_id: str, text: str, *, source_ref: str) -> str: ...
+    def archive_task(self, user_id: str, text: str, *, dedupe_key: str) -> list[str]:
+        """Store the task text; the same `dedupe_key` again stores nothing (a retry)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,9 @@ class MemoryService:
         if text is None:
             return default_fields(spec)
         where = f"users/{tx.user_id}/{block_path(spec.label)}"
-        return from_toml(spec, text, f"{where} at {(sha or tx.head or '')[:12]}")
+        return from_toml(
+            spec, text, f"{where} at {(sha or tx.head or '')[:12]}", enforce_limit=False
+        )
 
     def read_block(self, user_id: str, label: str) -> Block:
         spec = self.spec(label)
@@ -269,7 +273,8 @@ class MemoryService:
         if not block.fields.get("current_task"):
             raise OperationNotApplicable(f"block '{spec.label}' has no current task to archive")
         text = format_task_archive(block.fields, datetime.now(UTC))
-        self.archive.archive_task(user_id, text, source_ref=f"{spec.label}@{block.sha}")
+        key = f"{spec.label}@{block.sha}\n{block.fields.get('current_task')}"
+        self.archive.archive_task(user_id, text, dedupe_key=key)
 
     # -- pending diffs --------------------------------------------------------------------
 
@@ -435,7 +440,8 @@ class MemoryService:
     def read_at(self, user_id: str, label: str, sha: str) -> BlockFields:
         spec = self.spec(label)
         text = self.git.read_at(user_id, label, sha)
-        return from_toml(spec, text, f"users/{user_id}/{block_path(label)} at {sha[:12]}")
+        where = f"users/{user_id}/{block_path(label)} at {sha[:12]}"
+        return from_toml(spec, text, where, enforce_limit=False)
 
     def diff(self, user_id: str, label: str, a: str, b: str) -> str:
         return self.git.diff(user_id, self.spec(label).label, a, b)

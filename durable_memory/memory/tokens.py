@@ -5,6 +5,7 @@ tokenizer; it is a stable, local estimate, good for budgeting the context window
 counts matter, Anthropic's count_tokens endpoint can be used instead (see docs/context.md).
 """
 
+import itertools
 from functools import lru_cache
 
 import tiktoken
@@ -20,3 +21,13 @@ def _encoding() -> tiktoken.Encoding:
 def count_tokens(text: str) -> int:
     """Tokens in `text`; special-token strings in user text are counted as plain text."""
     return len(_encoding().encode(text, disallowed_special=()))
+
+
+def split_tokens(text: str, max_tokens: int) -> list[str]:
+    """Cut `text` into pieces of about `max_tokens` tokens each, at character positions where
+    a token starts, so that the pieces concatenated are exactly `text`."""
+    tokens = _encoding().encode(text, disallowed_special=())
+    _, offsets = _encoding().decode_with_offsets(tokens)
+    cuts = sorted({offsets[i] for i in range(max_tokens, len(tokens), max_tokens)} - {0})
+    bounds = [0, *cuts, len(text)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]

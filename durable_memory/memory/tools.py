@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from durable_memory.memory.archive import AGENT_INSERT_TOKEN_LIMIT, ArchiveStore
 from durable_memory.memory.errors import DurableMemoryError
 from durable_memory.memory.service import MemoryService
-from durable_memory.memory.tokens import count_tokens
 from durable_memory.models.archive import ArchiveSearch, NewPassage, PassageSource, TagMatch
 from durable_memory.models.operations import (
     AddContext,
@@ -296,12 +295,6 @@ class MemoryTools:
         return self.archive
 
     def _archival_insert(self, user_id: str, turn_id: str, call: ArchivalInsert) -> ToolOutcome:
-        tokens = count_tokens(call.content)
-        if tokens > AGENT_INSERT_TOKEN_LIMIT:
-            raise DurableMemoryError(
-                f"content is {tokens} tokens, over the limit of {AGENT_INSERT_TOKEN_LIMIT} per "
-                "insert; split it into several inserts"
-            )
         ids = self._require_archive().insert(
             NewPassage(
                 user_id=user_id,

@@ -34,6 +34,9 @@ class NewPassage(BaseModel):
     """The commit whose block content it is (rotation)."""
     created_at: datetime | None = None
     """Defaults to now when inserted."""
+    dedupe_key: str | None = None
+    """What makes two inserts the same passage; defaults to the text. Rotation uses the block's
+    content at its commit, so a retry whose header time differs is still the same passage."""
 
 
 class Passage(BaseModel):

@@ -1,0 +1,389 @@
+"""The embedded archive: SQLite FTS5 (BM25) + float32 vectors, exact search per user.
+
+One file, WAL mode, so several processes (workers, the CLI) share it. Vectors of a user are
+cached in memory as one matrix and searched exactly; the cache is keyed by a per-user version
+that every write bumps, so a write from another process invalidates it too.
+"""
+
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from durable_memory.memory.archive import (
+    ArchiveError,
+    check_passage,
+    chunk_ids,
+    relative_score_fusion,
+)
+from durable_memory.memory.embedders import Embedder, Vector
+from durable_memory.memory.ids import validate_user_id
+from durable_memory.memory.recall import fts_terms
+from durable_memory.models.archive import (
+    ArchiveSearch,
+    NewPassage,
+    Passage,
+    PassageHit,
+    PassageSource,
+    TagMatch,
+)
+
+LEG_LIMIT = 100
+"""Candidates each leg (BM25, vector) contributes to the fusion, as Weaviate's hybrid does."""
+
+_SCHEMA = [
+    "CREATE TABLE IF NOT EXISTS archive_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS passages (
+        rowid INTEGER PRIMARY KEY,
+        id TEXT NOT NULL UNIQUE,
+        user_id TEXT NOT NULL,
+        text TEXT NOT NULL,
+        tags TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        source TEXT NOT NULL,
+        label TEXT,
+        commit_sha TEXT,
+        chunk INTEGER NOT NULL,
+        vector BLOB NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS passages_user_time ON passages (user_id, created_at)",
+    """CREATE VIRTUAL TABLE IF NOT EXISTS passages_fts USING fts5(
+        text, content='passages', content_rowid='rowid', tokenize='unicode61 remove_diacritics 2'
+    )""",
+    """CREATE TRIGGER IF NOT EXISTS passages_fts_insert AFTER INSERT ON passages BEGIN
+        INSERT INTO passages_fts (rowid, text) VALUES (new.rowid, new.text);
+    END""",
+    """CREATE TRIGGER IF NOT EXISTS passages_fts_delete AFTER DELETE ON passages BEGIN
+        INSERT INTO passages_fts (passages_fts, rowid, text) VALUES ('delete', old.rowid, old.text);
+    END""",
+    """CREATE TABLE IF NOT EXISTS archive_versions (
+        user_id TEXT PRIMARY KEY, version INTEGER NOT NULL
+    )""",
+]
+
+_COLUMNS = "rowid, id, user_id, text, tags, created_at, source, label, commit_sha, chunk"
+
+
+@dataclass(frozen=True)
+class _UserVectors:
+    version: int
+    rowids: np.ndarray
+    vectors: Vector
+    created: np.ndarray
+    tags: list[frozenset[str]]
+
+
+def _passage(row: sqlite3.Row) -> Passage:
+    return Passage(
+        id=row["id"],
+        user_id=row["user_id"],
+        text=row["text"],
+        tags=tuple(json.loads(row["tags"])),
+        source=PassageSource(row["source"]),
+        label=row["label"],
+        commit_sha=row["commit_sha"],
+        chunk=row["chunk"],
+        created_at=datetime.fromtimestamp(row["created_at"], UTC),
+    )
+
+
+def _epoch(value: datetime) -> float:
+    return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
+
+
+class SqliteArchive:
+    """ArchiveStore on a SQLite file."""
+
+    def __init__(self, path: str | Path, embedder: Embedder) -> None:
+        self.path = Path(path)
+        self.embedder = embedder
+        self._local = threading.local()
+        self._cache: dict[str, _UserVectors] = {}
+        self._cache_lock = threading.Lock()
+        with self._db() as db:
+            for ddl in _SCHEMA:
+                db.execute(ddl)
+            self._check_embedder(db)
+
+    def _db(self) -> sqlite3.Connection:
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA busy_timeout=30000")
+            db.execute("PRAGMA synchronous=NORMAL")
+            self._local.db = db
+        return db
+
+    def _check_embedder(self, db: sqlite3.Connection) -> None:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            meta = dict(db.execute("SELECT key, value FROM archive_meta").fetchall())
+            if not meta:
+                db.executemany(
+                    "INSERT INTO archive_meta (key, value) VALUES (?, ?)",
+                    [("embedder", self.embedder.name), ("dim", str(self.embedder.dim))],
+                )
+            elif (meta.get("embedder"), meta.get("dim")) != (
+                self.embedder.name,
+                str(self.embedder.dim),
+            ):
+                raise ArchiveError(
+                    f"the archive {self.path} was built with embedder {meta.get('embedder')} "
+                    f"(dimension {meta.get('dim')}); opening it with {self.embedder.name} "
+                    f"(dimension {self.embedder.dim}) would mix incompatible vectors. Use the "
+                    "same embedder, or a new archive file and re-import"
+                )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def insert(self, passage: NewPassage, *, chunk: bool = False) -> list[str]:
+        chunks = check_passage(passage, chunk=chunk)
+        ids = chunk_ids(passage, chunks)
+        db = self._db()
+        placeholders = ",".join("?" * len(ids))
+        known = {
+            r[0] for r in db.execute(f"SELECT id FROM passages WHERE id IN ({placeholders})", ids)
+        }
+        todo = [
+            (i, pid, text)
+            for i, (pid, text) in enumerate(zip(ids, chunks, strict=True))
+            if pid not in known
+        ]
+        if not todo:
+            return ids
+        vectors = self.embedder.embed_passages([text for _, _, text in todo])
+        created = _epoch(passage.created_at or datetime.now(UTC))
+        rows = [
+            (
+                pid,
+                passage.user_id,
+                text,
+                json.dumps(list(passage.tags), ensure_ascii=False),
+                created,
+                passage.source.value,
+                passage.label,
+                passage.commit_sha,
+                index,
+                vectors[n].astype(np.float32).tobytes(),
+            )
+            for n, (index, pid, text) in enumerate(todo)
+        ]
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            before = db.total_changes
+            db.executemany(
+                "INSERT OR IGNORE INTO passages (id, user_id, text, tags, created_at, source, "
+                "label, commit_sha, chunk, vector) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            if db.total_changes > before:
+                self._bump(db, passage.user_id)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return ids
+
+    @staticmethod
+    def _bump(db: sqlite3.Connection, user_id: str) -> None:
+        db.execute(
+            "INSERT INTO archive_versions (user_id, version) VALUES (?, 1) "
+            "ON CONFLICT (user_id) DO UPDATE SET version = version + 1",
+            (user_id,),
+        )
+
+    def delete(self, user_id: str, ids: list[str]) -> int:
+        validate_user_id(user_id)
+        if not ids:
+            return 0
+        db = self._db()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            deleted = 0
+            for start in range(0, len(ids), 500):
+                part = ids[start : start + 500]
+                cursor = db.execute(
+                    "DELETE FROM passages WHERE user_id = ? "
+                    f"AND id IN ({','.join('?' * len(part))})",
+                    [user_id, *part],
+                )
+                deleted += cursor.rowcount
+            if deleted:
+                self._bump(db, user_id)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return deleted
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def count(self, user_id: str) -> int:
+        validate_user_id(user_id)
+        row = self._db().execute("SELECT COUNT(*) FROM passages WHERE user_id = ?", (user_id,))
+        return int(row.fetchone()[0])
+
+    def page(self, user_id: str, *, limit: int = 50, offset: int = 0) -> list[Passage]:
+        validate_user_id(user_id)
+        if not 1 <= limit <= 1000 or offset < 0:
+            raise ArchiveError("limit must be 1-1000 and offset not negative")
+        rows = self._db().execute(
+            f"SELECT {_COLUMNS} FROM passages WHERE user_id = ? "
+            "ORDER BY created_at DESC, rowid DESC LIMIT ? OFFSET ?",
+            (user_id, limit, offset),
+        )
+        return [_passage(r) for r in rows]
+
+    def _version(self, user_id: str) -> int:
+        row = (
+            self._db()
+            .execute("SELECT version FROM archive_versions WHERE user_id = ?", (user_id,))
+            .fetchone()
+        )
+        return int(row[0]) if row else 0
+
+    def _vectors(self, user_id: str) -> _UserVectors:
+        version = self._version(user_id)
+        cached = self._cache.get(user_id)
+        if cached is not None and cached.version == version:
+            return cached
+        rows = (
+            self._db()
+            .execute(
+                "SELECT rowid, created_at, tags, vector FROM passages "
+                "WHERE user_id = ? ORDER BY rowid",
+                (user_id,),
+            )
+            .fetchall()
+        )
+        dim = self.embedder.dim
+        loaded = _UserVectors(
+            version=version,
+            rowids=np.array([r[0] for r in rows], dtype=np.int64),
+            vectors=(
+                np.frombuffer(b"".join(r[3] for r in rows), dtype=np.float32).reshape(
+                    len(rows), dim
+                )
+                if rows
+                else np.zeros((0, dim), dtype=np.float32)
+            ),
+            created=np.array([r[1] for r in rows], dtype=np.float64),
+            tags=[frozenset(json.loads(r[2])) for r in rows],
+        )
+        with self._cache_lock:
+            self._cache[user_id] = loaded
+        return loaded
+
+    def _filter_sql(self, request: ArchiveSearch) -> tuple[str, list[object]]:
+        clauses: list[str] = []
+        params: list[object] = []
+        if request.start is not None:
+            clauses.append("p.created_at >= ?")
+            params.append(_epoch(request.start))
+        if request.end is not None:
+            clauses.append("p.created_at < ?")
+            params.append(_epoch(request.end))
+        if request.tags:
+            marks = ",".join("?" * len(request.tags))
+            if request.tag_match is TagMatch.ANY:
+                clauses.append(f"EXISTS (SELECT 1 FROM json_each(p.tags) WHERE value IN ({marks}))")
+            else:
+                clauses.append(
+                    "(SELECT COUNT(DISTINCT value) FROM json_each(p.tags) "
+                    f"WHERE value IN ({marks})) = {len(set(request.tags))}"
+                )
+            params.extend(request.tags)
+        return "".join(f" AND {c}" for c in clauses), params
+
+    def _vector_mask(self, cache: _UserVectors, request: ArchiveSearch) -> np.ndarray:
+        mask = np.ones(len(cache.rowids), dtype=bool)
+        if request.start is not None:
+            mask &= cache.created >= _epoch(request.start)
+        if request.end is not None:
+            mask &= cache.created < _epoch(request.end)
+        if request.tags:
+            wanted = set(request.tags)
+            match = (
+                (lambda t: bool(t & wanted))
+                if request.tag_match is TagMatch.ANY
+                else (lambda t: wanted <= t)
+            )
+            mask &= np.array([match(t) for t in cache.tags], dtype=bool)
+        return mask
+
+    def search(self, user_id: str, request: ArchiveSearch) -> list[PassageHit]:
+        """Hybrid search; `search_vector` lets a caller pass a precomputed query embedding."""
+        return self.search_vector(user_id, request, None)
+
+    def search_vector(
+        self, user_id: str, request: ArchiveSearch, query_vector: Vector | None
+    ) -> list[PassageHit]:
+        validate_user_id(user_id)
+        if request.start and request.end and request.start >= request.end:
+            raise ArchiveError("start must be before end")
+        db = self._db()
+        where, params = self._filter_sql(request)
+        terms = fts_terms(request.query)
+        if not terms:
+            rows = db.execute(
+                f"SELECT {_COLUMNS} FROM passages p WHERE p.user_id = ?{where} "
+                "ORDER BY p.created_at DESC, p.rowid DESC LIMIT ?",
+                [user_id, *params, request.top_k],
+            ).fetchall()
+            return [PassageHit(passage=_passage(r), score=0.0) for r in rows]
+        keyword: dict[str, float] = {}
+        if request.alpha < 1.0:
+            match = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+            for rowid, rank in db.execute(
+                "SELECT p.rowid, bm25(passages_fts) FROM passages_fts "
+                "JOIN passages p ON p.rowid = passages_fts.rowid "
+                f"WHERE passages_fts MATCH ? AND p.user_id = ?{where} "
+                "ORDER BY bm25(passages_fts) LIMIT ?",
+                [match, user_id, *params, LEG_LIMIT],
+            ):
+                keyword[str(rowid)] = -float(rank)  # bm25() is lower-is-better
+        vector: dict[str, float] = {}
+        if request.alpha > 0.0:
+            cache = self._vectors(user_id)
+            if len(cache.rowids):
+                q = (
+                    query_vector
+                    if query_vector is not None
+                    else self.embedder.embed_query(request.query)
+                )
+                mask = self._vector_mask(cache, request)
+                candidates = np.flatnonzero(mask)
+                if len(candidates):
+                    sims = cache.vectors[candidates] @ q
+                    top = min(LEG_LIMIT, len(candidates))
+                    best = np.argpartition(-sims, top - 1)[:top]
+                    vector = {str(int(cache.rowids[candidates[i]])): float(sims[i]) for i in best}
+        fused = relative_score_fusion(vector, keyword, request.alpha)
+        ranked = sorted(fused.items(), key=lambda kv: (-kv[1], -int(kv[0])))[: request.top_k]
+        if not ranked:
+            return []
+        marks = ",".join("?" * len(ranked))
+        found = {
+            str(r["rowid"]): r
+            for r in db.execute(
+                f"SELECT {_COLUMNS} FROM passages WHERE rowid IN ({marks})", [k for k, _ in ranked]
+            )
+        }
+        return [PassageHit(passage=_passage(found[k]), score=s) for k, s in ranked if k in found]

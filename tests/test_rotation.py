@@ -1,0 +1,278 @@
+"""Rotation: the seed's strategies, the adaptive threshold, and nothing lost across a crash."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from durable_memory.memory.archive_sqlite import SqliteArchive
+from durable_memory.memory.db import make_engine
+from durable_memory.memory.diffs import DiffStore
+from durable_memory.memory.embedders import default_embedder
+from durable_memory.memory.git_store import GitBlockStore
+from durable_memory.memory.profiles import load_profile
+from durable_memory.memory.recall import RecallStore
+from durable_memory.memory.rotation import (
+    AdaptiveRotation,
+    AggressiveRotation,
+    ArchiveTaskSink,
+    PreservativeRotation,
+    Rotator,
+    line_score,
+)
+from durable_memory.memory.rotation_state import RotationStateStore
+from durable_memory.memory.service import MemoryService
+from durable_memory.models.archive import ArchiveSearch, PassageSource
+from durable_memory.models.blocks import RotationStrategyName
+from durable_memory.models.history import Author, AuthorKind
+
+BACKEND = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
+ALICE = Author(name="alice", kind=AuthorKind.USER)
+
+SEED_HUMAN = (
+    "[USER] Alice | High school senior\n"
+    "[TASK] Brainstorm essay topics\n"
+    "[STATE] active_task\n"
+    "[PREFS] Prefers Socratic questions\n"
+    "[CONTEXT] Discussed identity; Explored challenges\n"
+    "Free note without a tag"
+)
+
+
+# -- the strategies on the seed's examples -------------------------------------------------
+
+
+def test_aggressive_keeps_the_most_recent_content() -> None:
+    strategy = AggressiveRotation()
+    assert strategy.threshold == 0.7
+    out = strategy.compress(SEED_HUMAN, 60)
+    assert out == "..." + SEED_HUMAN[-57:]
+    assert len(out) == 60
+    assert strategy.compress("short", 60) == "short"
+
+
+def test_preservative_keeps_tagged_lines_first() -> None:
+    strategy = PreservativeRotation()
+    assert strategy.threshold == 0.9
+    out = strategy.compress("plain one\n[TASK] Essay\nplain two\n[USER] Alice", 30)
+    assert out == "[TASK] Essay\n[USER] Alice"
+    assert strategy.compress(SEED_HUMAN, 1000).split("\n")[-1] == "Free note without a tag"
+
+
+def test_adaptive_scores_lines_like_the_seed() -> None:
+    assert [line_score(line) for line in SEED_HUMAN.split("\n")] == [90, 100, 50, 50, 80, 10]
+    strategy = AdaptiveRotation()
+    assert strategy.threshold == 0.8
+    out = strategy.compress(SEED_HUMAN, 115)
+    # TASK (100), USER (90) and CONTEXT (80) fit; they keep their order in the block.
+    assert out == (
+        "[USER] Alice | High school senior\n[TASK] Brainstorm essay topics\n"
+        "[CONTEXT] Discussed identity; Explored challenges"
+    )
+    assert len(out) <= 115
+    assert strategy.compress(SEED_HUMAN, 90).endswith("[STATE] active_task")  # next best that fits
+
+
+def test_adaptive_threshold_moves_both_ways_within_bounds() -> None:
+    strategy = AdaptiveRotation()
+    for _ in range(3):
+        strategy.observe(0.3)  # the block stays small: rotating too often
+    assert strategy.threshold == 0.85
+    for _ in range(5):
+        strategy.observe(0.3)
+    assert strategy.threshold == 0.95  # capped
+    falling = AdaptiveRotation()
+    for _ in range(12):
+        falling.observe(0.97)  # the block sits near full: rarely rotating
+    assert falling.threshold == 0.6  # floored
+    steady = AdaptiveRotation()
+    for _ in range(10):
+        steady.observe(0.7)
+    assert steady.threshold == 0.8
+    assert len(steady.history) == 10
+
+
+# -- rotating real blocks ------------------------------------------------------------------
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> tuple[MemoryService, Rotator, SqliteArchive]:
+    engine = make_engine(f"sqlite:///{tmp_path / 'm.db'}")
+    archive = SqliteArchive(tmp_path / "archive.db", default_embedder())
+    service = MemoryService(
+        load_profile("default"),
+        GitBlockStore(tmp_path / "data"),
+        DiffStore(engine),
+        RecallStore(engine),
+        ArchiveTaskSink(archive),
+    )
+    service.ensure_user("alice")
+    return service, Rotator(service, archive, RotationStateStore(engine)), archive
+
+
+def _fill_notes(service: MemoryService) -> str:
+    text = "\n".join(
+        f"Session {i}: talked about robots and essay idea number {i}." for i in range(28)
+    )
+    service.edit_block("alice", "notes", {"value": text}, ALICE)
+    return text
+
+
+def test_text_block_rotation_archives_then_commits(
+    rig: tuple[MemoryService, Rotator, SqliteArchive],
+) -> None:
+    service, rotator, archive = rig
+    full = _fill_notes(service)
+    base = service.git.head("alice")
+    assert base is not None
+    check = rotator.check("alice", "notes")
+    assert check.should_rotate
+    assert check.strategy is RotationStrategyName.AGGRESSIVE
+    result = rotator.rotate("alice", "notes")
+    assert result is not None
+    assert result.commit_sha is not None
+    compressed = service.read_block("alice", "notes").value
+    assert len(compressed) <= 1000  # half of the 2000 limit
+    assert compressed.startswith("...")
+    assert full.endswith(compressed[3:])
+    (passage,) = archive.page("alice")
+    assert re.fullmatch(r"\[ARCHIVED \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\]", passage.text.split("\n")[0])
+    assert passage.text.split("\n", 1)[1] == full
+    assert (passage.source, passage.label, passage.commit_sha) == (
+        PassageSource.ROTATION,
+        "notes",
+        base,
+    )
+    commit = service.history("alice", "notes", 1)[0]
+    assert commit.author == "rotation"
+    assert commit.trailers["Rotation-Of"] == f"notes@{base}"
+    assert commit.trailers["Archived-Passages"] == passage.id
+    assert service.read_at("alice", "notes", base)["value"] == full  # and in git history
+    assert rotator.rotate("alice", "notes") is None  # now under its threshold
+
+
+def test_crash_between_archive_and_commit_loses_and_duplicates_nothing(
+    rig: tuple[MemoryService, Rotator, SqliteArchive],
+) -> None:
+    service, rotator, archive = rig
+    full = _fill_notes(service)
+    plan = rotator.plan("alice", "notes")
+    assert plan is not None
+    rotator.archive_step(plan)  # ... and the worker dies here, before commit_step
+    assert archive.count("alice") == 1
+    assert service.read_block("alice", "notes").value == full  # memory untouched so far
+
+    result = rotator.rotate("alice", "notes")  # run again from the start
+    assert result is not None
+    assert result.commit_sha is not None
+    assert archive.count("alice") == 1  # exactly one archived copy
+    rotations = [c for c in service.history("alice", "notes", 50) if c.author == "rotation"]
+    assert len(rotations) == 1  # exactly one rotation commit
+    hits = archive.search("alice", ArchiveSearch(query="essay idea number 3", alpha=0.0))
+    assert hits[0].passage.text.endswith(full)  # the full text is searchable
+    # A retry of the commit step with the old plan returns the same commit.
+    assert rotator.commit_step(plan, result.passage_ids) == result.commit_sha
+
+
+def test_block_changed_after_plan_is_not_overwritten(
+    rig: tuple[MemoryService, Rotator, SqliteArchive],
+) -> None:
+    service, rotator, _ = rig
+    _fill_notes(service)
+    plan = rotator.plan("alice", "notes")
+    assert plan is not None
+    ids = rotator.archive_step(plan)
+    service.edit_block("alice", "notes", {"value": "Rewritten by Alice"}, ALICE)
+    assert rotator.commit_step(plan, ids) is None
+    assert service.read_block("alice", "notes").value == "Rewritten by Alice"
+
+
+def test_typed_human_block_rotation_keeps_required_and_best_lines(
+    rig: tuple[MemoryService, Rotator, SqliteArchive],
+) -> None:
+    service, rotator, archive = rig
+    service.set_task("alice", "Outline the robotics essay", BACKEND)
+    long = "x" * 120
+    for i in range(4):
+        service.learn_preference("alice", f"preference {i} {long}", BACKEND)
+    for i in range(3):
+        service.learn_fact("alice", f"fact {i} {long}", BACKEND)
+    for i in range(3):
+        service.add_context("alice", f"context {i} {long}", BACKEND)
+    before = service.read_block("alice", "human")
+    assert len(before.value) / 1500 >= 0.8
+    result = rotator.rotate("alice", "human")
+    assert result is not None
+    assert result.commit_sha is not None
+    after = service.read_block("alice", "human")
+    assert len(after.value) <= 750
+    assert after.fields["session_state"] == "active_task"  # required: always kept
+    assert after.fields["current_task"] == "Outline the robotics essay"  # [TASK] scores 100
+    assert after.fields["preferences"] == []
+    assert after.fields["facts"] == []
+    assert archive.page("alice")[0].text.endswith(before.value)
+
+
+def test_adaptive_state_persists_per_user_and_block(
+    rig: tuple[MemoryService, Rotator, SqliteArchive],
+) -> None:
+    _, rotator, _ = rig
+    for _ in range(3):
+        rotator.check("alice", "human")  # an almost empty block: usage ~0.01
+    assert rotator.strategy("alice", rotator.service.spec("human")).threshold == 0.85
+
+
+def test_lowered_limit_keeps_block_readable_and_rotation_fits_it(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'm.db'}")
+    git = GitBlockStore(tmp_path / "data")
+    profile = load_profile("default")
+    service = MemoryService(profile, git, DiffStore(engine), RecallStore(engine))
+    service.ensure_user("alice")
+    _fill_notes(service)
+    notes = profile.block("notes")
+    assert notes is not None
+    smaller = profile.model_copy(
+        update={
+            "blocks": tuple(
+                b.model_copy(update={"limit": 800}) if b.label == "notes" else b
+                for b in profile.blocks
+            )
+        }
+    )
+    shrunk = MemoryService(smaller, git, DiffStore(engine), RecallStore(engine))
+    assert len(shrunk.read_block("alice", "notes").value) > 800  # still readable
+    archive = SqliteArchive(tmp_path / "a.db", default_embedder())
+    result = Rotator(shrunk, archive, RotationStateStore(engine)).rotate("alice", "notes")
+    assert result is not None
+    assert result.commit_sha is not None
+    assert len(shrunk.read_block("alice", "notes").value) <= 400
+
+
+def test_clear_task_with_archive_files_the_task(
+    rig: tuple[MemoryService, Rotator, SqliteArchive],
+) -> None:
+    service, _, archive = rig
+    service.set_task(
+        "alice", "Brainstorm essay topics", BACKEND, context="Discussed identity themes"
+    )
+    service.add_context("alice", "Explored personal challenges", BACKEND)
+    service.clear_task("alice", BACKEND, archive=True)
+    (passage,) = archive.page("alice")
+    assert re.fullmatch(
+        r"\[TASK COMPLETED \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\]\nTask: Brainstorm essay topics\n"
+        r"Context:\n- Discussed identity themes\n- Explored personal challenges",
+        passage.text,
+    )
+    assert passage.source is PassageSource.TASK
+    block = service.read_block("alice", "human")
+    assert (block.fields["current_task"], block.fields["session_state"]) == (None, "idle")
+
+
+def test_metrics(rig: tuple[MemoryService, Rotator, SqliteArchive]) -> None:
+    service, rotator, _ = rig
+    metrics = rotator.metrics("alice")
+    assert metrics.human_usage == pytest.approx(len("[STATE] idle") / 1500)
+    assert metrics.persona_usage == pytest.approx(
+        len(service.read_block("alice", "persona").value) / 1500
+    )
+    assert 0 < metrics.total_usage < 1
