@@ -7,17 +7,24 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from durable_memory.config import memory_settings
-from durable_memory.memory.errors import DurableMemoryError
-from durable_memory.memory.service import MemoryService, open_service
+from durable_memory.config import MemorySettings, memory_settings
+from durable_memory.memory.agent import run_turn
+from durable_memory.memory.errors import DurableMemoryError, validation_message
+from durable_memory.memory.llm import AnthropicModel
+from durable_memory.memory.service import MemoryService
+from durable_memory.memory.stack import MemoryStack, open_stack
+from durable_memory.models.archive import ArchiveSearch, TagMatch
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.recall import MessageRole
+from durable_memory.scripted_model import ScriptedModelServer, load_script
 
 EXIT_USER_ERROR = 2
 
@@ -26,13 +33,29 @@ class UsageError(DurableMemoryError):
     """A command line that makes no sense."""
 
 
-def _service(args: argparse.Namespace) -> MemoryService:
+def _settings(args: argparse.Namespace) -> MemorySettings:
     settings = memory_settings()
-    return open_service(
-        args.data_dir or settings.data_dir,
-        args.database_url or settings.database_url,
-        args.profile or settings.profile,
+    overrides = {
+        "data_dir": args.data_dir,
+        "database_url": args.database_url,
+        "profile": args.profile,
+    }
+    return settings.model_copy(update={k: v for k, v in overrides.items() if v})
+
+
+def _stack(args: argparse.Namespace) -> MemoryStack:
+    settings = _settings(args)
+    return open_stack(
+        settings.data_dir,
+        settings.database_url,
+        settings.profile,
+        archive_backend=settings.archive,
+        target_ratio=settings.rotation_target_ratio,
     )
+
+
+def _service(args: argparse.Namespace) -> MemoryService:
+    return _stack(args).service
 
 
 def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
@@ -168,10 +191,110 @@ def cmd_recall(args: argparse.Namespace) -> None:
     _emit(args, page, f"{text}\n({len(page.messages)} of {page.total})" if text else "no match")
 
 
-def cmd_demo(args: argparse.Namespace) -> None:
-    from durable_memory.demo import run_core_demo
+def cmd_chat(args: argparse.Namespace) -> None:
+    stack = _stack(args)
+    message = args.message if args.message is not None else sys.stdin.read()
+    if not message.strip():
+        raise UsageError("nothing to say: give a MESSAGE or pipe one on standard input")
+    turn_id = args.turn_id or f"cli-{uuid.uuid4().hex[:12]}"
+    server = ScriptedModelServer(load_script(args.script)).start() if args.script else None
+    try:
+        model = AnthropicModel(base_url=server.url if server else None)
+        if server:
+            print("[scripted model: replies come from a script, not from Claude]", file=sys.stderr)
+        result = run_turn(
+            stack.service,
+            stack.summaries,
+            model,
+            stack.tools,
+            args.user,
+            turn_id,
+            message,
+            max_steps=_settings(args).max_steps,
+            archival_count=stack.archive.count(args.user),
+        )
+    finally:
+        if server:
+            server.stop()
+    text = result.reply
+    if result.diff_ids:
+        text += (
+            f"\n\n({len(result.diff_ids)} memory edit(s) await approval: dmem diffs {args.user})"
+        )
+    _emit(args, result, text)
 
-    run_core_demo(data_dir=args.data_dir, as_json=args.json)
+
+def cmd_context(args: argparse.Namespace) -> None:
+    stack = _stack(args)
+    context = stack.compile(args.user)
+    o = context.overview
+    rows = [
+        ("system instructions", o.system_tokens),
+        ("core memory", o.core_memory_tokens),
+        ("memory metadata", o.metadata_tokens),
+        ("summary", o.summary_tokens),
+        ("messages", o.messages_tokens),
+        ("tools", o.tools_tokens),
+    ]
+    text = "\n".join(f"{name:<20} {tokens:>8}" for name, tokens in rows)
+    text += (
+        f"\n{'total':<20} {o.total_tokens:>8} of {o.context_window} ({o.share_used:.1%})"
+        f"\n{o.message_count} messages in context, {o.recall_message_count} in recall, "
+        f"{o.archival_passage_count} archival passages"
+    )
+    _emit(args, o, text)
+
+
+def cmd_archive_search(args: argparse.Namespace) -> None:
+    stack = _stack(args)
+    request = ArchiveSearch(
+        query=args.query,
+        tags=tuple(args.tag or ()),
+        tag_match=TagMatch(args.match),
+        top_k=args.top_k,
+        alpha=args.alpha,
+    )
+    hits = stack.archive.search(args.user, request)
+    text = "\n".join(
+        f"{h.score:.3f}  {h.passage.id}  [{', '.join(h.passage.tags)}]  "
+        f"{h.passage.text[:120].replace(chr(10), ' / ')}"
+        for h in hits
+    )
+    _emit(args, hits, text or "no match")
+
+
+def cmd_rotate(args: argparse.Namespace) -> None:
+    stack = _stack(args)
+    labels = [args.label] if args.label else [b.label for b in stack.service.profile.blocks]
+    results = []
+    for label in labels:
+        result = stack.rotator.rotate(args.user, label, force=args.force)
+        if result is not None:
+            results.append(result)
+    text = "\n".join(
+        f"{r.plan.label}: {r.plan.strategy.value} {r.plan.chars_before} -> {r.plan.chars_after} "
+        f"chars, archived {', '.join(r.passage_ids)}, commit {(r.commit_sha or 'none')[:12]}"
+        for r in results
+    )
+    _emit(args, results, text or "no block is over its rotation threshold")
+
+
+def cmd_scripted_model(args: argparse.Namespace) -> None:
+    server = ScriptedModelServer(load_script(args.script), port=args.port).start()
+    print(f"scripted Messages API server (not a model) on {server.url}")
+    print(f"use it with: ANTHROPIC_BASE_URL={server.url} dmem chat USER MESSAGE")
+    try:
+        while server.remaining > 0:
+            time.sleep(0.2)
+        print("script used up; stopping")
+    finally:
+        server.stop()
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from durable_memory.demo import run_demo
+
+    run_demo(data_dir=args.data_dir, as_json=args.json, live=args.live)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -190,7 +313,34 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--json", action="store_true", help="machine-readable output")
         return p
 
-    p = add("demo", cmd_demo, "show the memory core at work in a temporary data dir", True)
+    p = add("demo", cmd_demo, "an essay-coach session in a temporary data dir", True)
+    p.add_argument("--live", action="store_true", help="use Claude (ANTHROPIC_API_KEY)")
+    p = add("chat", cmd_chat, "one conversation turn with the agent", True)
+    p.add_argument("user")
+    p.add_argument("message", nargs="?", help="the message (default: standard input)")
+    p.add_argument("--turn-id")
+    p.add_argument("--script", help="replay this model script instead of calling Claude")
+    p = add("context", cmd_context, "the context window overview of a user's next turn", True)
+    p.add_argument("user")
+    p = add("rotate", cmd_rotate, "rotate blocks over their threshold into archival memory", True)
+    p.add_argument("user")
+    p.add_argument("label", nargs="?")
+    p.add_argument("--force", action="store_true", help="rotate even under the threshold")
+    archive = sub.add_parser("archive", help="archival memory").add_subparsers(
+        dest="archive_command", required=True, metavar="COMMAND"
+    )
+    p = archive.add_parser("search", help="hybrid search of a user's archival memory")
+    p.set_defaults(func=cmd_archive_search)
+    p.add_argument("user")
+    p.add_argument("query")
+    p.add_argument("--tag", action="append", help="filter on a tag (repeatable)")
+    p.add_argument("--match", choices=["any", "all"], default="any")
+    p.add_argument("--top-k", type=int, default=10)
+    p.add_argument("--alpha", type=float, default=0.5, help="1 = vectors only, 0 = BM25 only")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = add("scripted-model", cmd_scripted_model, "serve a model script as a Messages API")
+    p.add_argument("script")
+    p.add_argument("--port", type=int, default=0)
     p = add("init", cmd_init, "create a user's memory repository")
     p.add_argument("user")
     p = add("blocks", cmd_blocks, "show a user's memory blocks", True)
@@ -237,6 +387,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.func(args)
     except DurableMemoryError as error:
         print(f"dmem: error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except ValidationError as error:
+        print(f"dmem: error: {validation_message(error, 'invalid input')}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("dmem: interrupted", file=sys.stderr)

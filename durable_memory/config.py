@@ -3,10 +3,10 @@ overridden by environment variables. The memory core reads the `memory:` section
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from durable_memory.memory.errors import DurableMemoryError
 
@@ -23,6 +23,12 @@ class MemorySettings(BaseModel):
     """SQLAlchemy URL; default: a SQLite file `memory.db` in the data dir."""
     profile: str = "default"
     """A bundled profile name (`default`, `essay_coach`) or a path to a profile TOML file."""
+    archive: Literal["embedded", "weaviate"] = "embedded"
+    """Archival memory: the embedded SQLite store in data_dir, or Weaviate at WEAVIATE_URL."""
+    rotation_target_ratio: float = Field(default=0.5, ge=0.05, le=1.0)
+    """After rotation a block holds at most this share of its char limit."""
+    max_steps: int = Field(default=8, ge=1, le=50)
+    """Model calls per turn before the turn ends with a note saying so."""
 
     @property
     def resolved_database_url(self) -> str:
@@ -33,6 +39,7 @@ _ENV = {
     "DMEM_DATA_DIR": "data_dir",
     "DMEM_DATABASE_URL": "database_url",
     "DMEM_PROFILE": "profile",
+    "DMEM_ARCHIVE": "archive",
 }
 
 

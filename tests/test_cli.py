@@ -106,11 +106,11 @@ def test_user_errors_are_one_line_and_exit_2(
 
 
 def test_diffs_approve_reject_from_the_command_line(dmem: Runner, tmp_path: Path) -> None:
-    from durable_memory.memory.service import open_service
+    from durable_memory.memory.stack import open_stack
     from durable_memory.models.operations import AddItem, SetField
 
     dmem("init", "alice")
-    service = open_service(tmp_path / "data", profile="essay_coach")
+    service = open_stack(tmp_path / "data", profile="essay_coach").service
     a = service.propose("alice", "student", AddItem(field="strengths", value="Grit"), "r", "turn:1")
     b = service.propose(
         "alice", "journey", SetField(field="stage", value="drafting"), "r", "turn:1"
@@ -132,17 +132,76 @@ def test_diffs_approve_reject_from_the_command_line(dmem: Runner, tmp_path: Path
 
 
 def test_demo_runs_in_a_fresh_process() -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}
+    env = {k: v for k, v in os.environ.items() if k not in (*ENV_KEYS, "ANTHROPIC_API_KEY")}
     result = subprocess.run(
         [sys.executable, "-m", "durable_memory.cli", "demo", "--json"],
         capture_output=True,
         text=True,
         env=env,
-        timeout=120,
+        timeout=180,
         check=False,
     )
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
-    assert sorted(summary["diffs"].values()) == ["approved", "approved", "rejected"]
-    assert len(summary["commits"]) >= 3
-    assert summary["recall_hits"]
+    assert summary["model"].startswith("scripted model at http://127.0.0.1:")
+    assert sorted(summary["diffs"].values()) == ["approved", "approved", "approved", "rejected"]
+    assert [t["turn_id"] for t in summary["turns"]] == ["demo-turn-1", "demo-turn-2"]
+    assert summary["rotation"]["commit"] == summary["commits"][0]
+    assert summary["search_hits"][0] in summary["rotation"]["passages"]
+
+
+def test_chat_context_archive_and_rotate(dmem: Runner, tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(
+        json.dumps(
+            [
+                {
+                    "content": [
+                        {
+                            "type": "tool_use",
+                            "name": "archival_memory_insert",
+                            "input": {
+                                "content": "Alice's robot is called Bolt",
+                                "tags": ["robots"],
+                            },
+                        }
+                    ]
+                },
+                {"text": "Noted in my archive."},
+            ]
+        ),
+        encoding="utf-8",
+    )
+    code, out, err = dmem("chat", "alice", "My robot is called Bolt", "--script", str(script))
+    assert (code, out.strip()) == (0, "Noted in my archive.")
+    assert "scripted model" in err
+    code, out, _ = dmem("archive", "search", "alice", "robot name", "--json")
+    hits = json.loads(out)
+    assert hits[0]["passage"]["text"] == "Alice's robot is called Bolt"
+    code, out, _ = dmem("context", "alice", "--json")
+    overview = json.loads(out)
+    assert (overview["recall_message_count"], overview["archival_passage_count"]) == (4, 1)
+    code, out, _ = dmem("rotate", "alice")
+    assert (code, out.strip()) == (0, "no block is over its rotation threshold")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("chat", "alice", " "), "nothing to say"),
+        (("chat", "alice", "hi", "--script", "/nonexistent.json"), "cannot read the model script"),
+        (
+            ("archive", "search", "alice", "x", "--top-k", "0"),
+            "invalid input: top_k: Input should be greater than or equal to 1",
+        ),
+        (("archive", "search", "../x", "x"), "invalid user id"),
+        (("rotate", "alice", "diary"), "no block 'diary'"),
+    ],
+)
+def test_more_user_errors(dmem: Runner, args: tuple[str, ...], message: str) -> None:
+    dmem("init", "alice")
+    code, _out, err = dmem(*args)
+    assert code == 2
+    assert err.startswith("dmem: error: ")
+    assert err.count("\n") == 1
+    assert message in err

@@ -17,7 +17,8 @@ from durable_memory.memory.errors import (
     UnknownCommit,
     UnknownUser,
 )
-from durable_memory.memory.service import MemoryService, open_service
+from durable_memory.memory.service import MemoryService
+from durable_memory.memory.stack import open_stack
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.operations import AddContext
 
@@ -175,7 +176,7 @@ def test_concurrent_threads_never_lose_a_write(svc: MemoryService) -> None:
 
 
 def _process_writer(data_dir: str, db_url: str, worker: int) -> None:
-    service = open_service(data_dir, db_url, "essay_coach")
+    service = open_stack(data_dir, db_url, "essay_coach").service
     for i in range(5):
         service.apply_direct("alice", "human", AddContext(note=f"w{worker}-{i}"), BACKEND)
 

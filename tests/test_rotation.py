@@ -276,3 +276,13 @@ def test_metrics(rig: tuple[MemoryService, Rotator, SqliteArchive]) -> None:
         len(service.read_block("alice", "persona").value) / 1500
     )
     assert 0 < metrics.total_usage < 1
+
+
+def test_nothing_to_compress_is_no_rotation(
+    rig: tuple[MemoryService, Rotator, SqliteArchive],
+) -> None:
+    service, rotator, archive = rig
+    head = service.git.head("alice")
+    assert rotator.rotate("alice", "human", force=True) is None  # "[STATE] idle" fits already
+    assert archive.count("alice") == 0
+    assert service.git.head("alice") == head

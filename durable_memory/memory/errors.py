@@ -1,5 +1,7 @@
 """Every error a caller can cause. One clear message each; the CLI maps them to exit status 2."""
 
+from pydantic import ValidationError
+
 
 class DurableMemoryError(Exception):
     """Base of every user-facing error raised by the memory core."""
@@ -65,3 +67,12 @@ class UnknownCommit(DurableMemoryError):
 
 class HandEditPending(DurableMemoryError):
     """A block file changed by hand in the working tree that a write would overwrite."""
+
+
+def validation_message(error: ValidationError, what: str) -> str:
+    """One line for a pydantic ValidationError: `<what>: field: problem; field: problem`."""
+    problems = []
+    for item in error.errors()[:5]:
+        where = ".".join(str(p) for p in item["loc"]) or "value"
+        problems.append(f"{where}: {item['msg']}")
+    return f"{what}: " + "; ".join(problems)

@@ -322,8 +322,9 @@ class Rotator:
         return validate_fields(spec, new)
 
     def plan(self, user_id: str, label: str, *, force: bool = False) -> RotationPlan | None:
-        """What rotating the block now would do; None if it is under its threshold (or empty).
-        Reads only: nothing changes until `archive_step` and `commit_step`."""
+        """What rotating the block now would do; None if it is under its threshold, empty, or
+        already within the compression target. Reads only: nothing changes until `archive_step`
+        and `commit_step`."""
         block = self.service.read_block(validate_user_id(user_id), validate_label(label))
         if block.sha is None or not block.value:
             return None
@@ -332,6 +333,8 @@ class Rotator:
         if not force and not strategy.should_rotate(usage):
             return None
         compressed = self._compressed(strategy, block)
+        if compressed == block.fields:
+            return None  # already within the target: rotating would archive and change nothing
         now = datetime.now(UTC)
         return RotationPlan(
             user_id=user_id,

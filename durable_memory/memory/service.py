@@ -13,11 +13,9 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Protocol
 
 from durable_memory.memory.blocks import default_fields, render_value, validate_fields
-from durable_memory.memory.db import make_engine
 from durable_memory.memory.diffs import DiffStore
 from durable_memory.memory.errors import (
     BlockValidationError,
@@ -47,7 +45,6 @@ from durable_memory.memory.operations import (
     describe,
     format_task_archive,
 )
-from durable_memory.memory.profiles import load_profile
 from durable_memory.memory.recall import RecallStore
 from durable_memory.models.blocks import AgentProfile, BlockFields, BlockKind, BlockSpec
 from durable_memory.models.diffs import DiffStatus, PendingDiff
@@ -476,19 +473,3 @@ class MemoryService:
             message = format_message(f"Import hand edits: {', '.join(changed)}")
             # The working copies are replaced by their normalised form, which is what we commit.
             return tx.commit(changed, message, author, overwrite_hand_edits=True)
-
-
-def open_service(
-    data_dir: str | Path,
-    database_url: str | None = None,
-    profile: AgentProfile | str | Path = "default",
-    archive: TaskArchive | None = None,
-) -> MemoryService:
-    """A MemoryService over `data_dir` (repositories; default SQLite file) and `database_url`."""
-    root = Path(data_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    engine = make_engine(database_url or f"sqlite:///{root.resolve() / 'memory.db'}")
-    loaded = profile if isinstance(profile, AgentProfile) else load_profile(profile)
-    return MemoryService(
-        loaded, GitBlockStore(root), DiffStore(engine), RecallStore(engine), archive
-    )

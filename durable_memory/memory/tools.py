@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from durable_memory.memory.archive import AGENT_INSERT_TOKEN_LIMIT, ArchiveStore
-from durable_memory.memory.errors import DurableMemoryError
+from durable_memory.memory.errors import DurableMemoryError, validation_message
 from durable_memory.memory.service import MemoryService
 from durable_memory.models.archive import ArchiveSearch, NewPassage, PassageSource, TagMatch
 from durable_memory.models.operations import (
@@ -247,14 +247,6 @@ def _typed_operation(call: EditMemoryBlock) -> EditOperation:
     raise AssertionError(call.operation)
 
 
-def _bad_arguments(name: str, error: ValidationError) -> str:
-    problems = []
-    for item in error.errors()[:5]:
-        where = ".".join(str(p) for p in item["loc"]) or "arguments"
-        problems.append(f"{where}: {item['msg']}")
-    return f"invalid arguments for {name}: " + "; ".join(problems)
-
-
 class MemoryTools:
     """Executes the model's tool calls for one user and turn."""
 
@@ -271,7 +263,9 @@ class MemoryTools:
         try:
             call = args_type.model_validate(arguments)
         except ValidationError as error:
-            return ToolOutcome(_bad_arguments(name, error), is_error=True)
+            return ToolOutcome(
+                validation_message(error, f"invalid arguments for {name}"), is_error=True
+            )
         try:
             if isinstance(call, ArchivalInsert):
                 return self._archival_insert(user_id, turn_id, call)

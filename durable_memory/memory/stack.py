@@ -1,0 +1,88 @@
+"""MemoryStack: the memory core assembled from settings (service, archive, rotation, tools).
+
+The CLI builds one per command; the Temporal worker builds one per process.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from durable_memory.memory.archive import ArchiveError, ArchiveStore
+from durable_memory.memory.archive_sqlite import SqliteArchive
+from durable_memory.memory.context import CompiledContext, Summarizer, compile_context
+from durable_memory.memory.db import make_engine
+from durable_memory.memory.diffs import DiffStore
+from durable_memory.memory.embedders import Embedder, default_embedder
+from durable_memory.memory.git_store import GitBlockStore
+from durable_memory.memory.profiles import load_profile
+from durable_memory.memory.recall import RecallStore
+from durable_memory.memory.rotation import DEFAULT_TARGET_RATIO, ArchiveTaskSink, Rotator
+from durable_memory.memory.rotation_state import RotationStateStore
+from durable_memory.memory.service import MemoryService
+from durable_memory.memory.summaries import SummaryStore
+from durable_memory.memory.tools import MemoryTools, tool_definitions
+from durable_memory.models.blocks import AgentProfile
+
+
+@dataclass
+class MemoryStack:
+    service: MemoryService
+    archive: ArchiveStore
+    summaries: SummaryStore
+    rotator: Rotator
+    tools: MemoryTools
+
+    def compile(self, user_id: str, summarizer: Summarizer | None = None) -> CompiledContext:
+        return compile_context(
+            self.service,
+            self.summaries,
+            user_id,
+            tool_definitions(),
+            archival_count=self.archive.count(user_id),
+            summarizer=summarizer,
+        )
+
+    def close(self) -> None:
+        close = getattr(self.archive, "close", None)
+        if close is not None:
+            close()
+        self.service.diffs.engine.dispose()
+
+
+def open_archive(data_dir: Path, backend: str, embedder: Embedder) -> ArchiveStore:
+    if backend == "embedded":
+        return SqliteArchive(data_dir / "archive.db", embedder)
+    if backend == "weaviate":
+        from durable_memory.memory.archive_weaviate import WeaviateArchive, connect
+
+        return WeaviateArchive(connect(), embedder)
+    raise ArchiveError(f"unknown archive backend {backend!r}; use 'embedded' or 'weaviate'")
+
+
+def open_stack(
+    data_dir: str | Path,
+    database_url: str | None = None,
+    profile: AgentProfile | str | Path = "default",
+    *,
+    archive_backend: str = "embedded",
+    embedder: Embedder | None = None,
+    target_ratio: float = DEFAULT_TARGET_RATIO,
+) -> MemoryStack:
+    root = Path(data_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(database_url or f"sqlite:///{root.resolve() / 'memory.db'}")
+    archive = open_archive(root, archive_backend, embedder or default_embedder())
+    loaded = profile if isinstance(profile, AgentProfile) else load_profile(profile)
+    service = MemoryService(
+        loaded,
+        GitBlockStore(root),
+        DiffStore(engine),
+        RecallStore(engine),
+        ArchiveTaskSink(archive),
+    )
+    return MemoryStack(
+        service=service,
+        archive=archive,
+        summaries=SummaryStore(engine),
+        rotator=Rotator(service, archive, RotationStateStore(engine), target_ratio),
+        tools=MemoryTools(service, archive),
+    )
