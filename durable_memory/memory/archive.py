@@ -100,6 +100,17 @@ def chunk_ids(passage: NewPassage, chunks: list[str]) -> list[str]:
     return [passage_id(passage.user_id, passage.source.value, key, i) for i in range(len(chunks))]
 
 
+def missing_chunks(
+    ids: list[str], chunks: list[str], known: set[str]
+) -> list[tuple[int, str, str]]:
+    """(chunk index, passage id, text) of the chunks not stored yet: what an insert must add."""
+    return [
+        (i, pid, text)
+        for i, (pid, text) in enumerate(zip(ids, chunks, strict=True))
+        if pid not in known
+    ]
+
+
 def relative_score_fusion(
     vector: dict[str, float], keyword: dict[str, float], alpha: float
 ) -> dict[str, float]:

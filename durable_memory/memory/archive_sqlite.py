@@ -18,6 +18,7 @@ from durable_memory.memory.archive import (
     ArchiveError,
     check_passage,
     chunk_ids,
+    missing_chunks,
     relative_score_fusion,
 )
 from durable_memory.memory.embedders import Embedder, Vector
@@ -161,11 +162,7 @@ class SqliteArchive:
         known = {
             r[0] for r in db.execute(f"SELECT id FROM passages WHERE id IN ({placeholders})", ids)
         }
-        todo = [
-            (i, pid, text)
-            for i, (pid, text) in enumerate(zip(ids, chunks, strict=True))
-            if pid not in known
-        ]
+        todo = missing_chunks(ids, chunks, known)
         if not todo:
             return ids
         vectors = self.embedder.embed_passages([text for _, _, text in todo])

@@ -19,7 +19,12 @@ from weaviate.classes.query import Filter, HybridFusion, MetadataQuery, Sort
 from weaviate.collections import Collection
 from weaviate.exceptions import WeaviateBaseError
 
-from durable_memory.memory.archive import ArchiveError, check_passage, chunk_ids
+from durable_memory.memory.archive import (
+    ArchiveError,
+    check_passage,
+    chunk_ids,
+    missing_chunks,
+)
 from durable_memory.memory.embedders import Embedder
 from durable_memory.memory.ids import validate_user_id
 from durable_memory.memory.recall import fts_terms
@@ -131,11 +136,7 @@ class WeaviateArchive:
                 filters=Filter.by_id().contains_any(ids), limit=len(ids)
             )
             known = {str(o.uuid) for o in found.objects}
-        todo = [
-            (i, pid, text)
-            for i, (pid, text) in enumerate(zip(ids, chunks, strict=True))
-            if pid not in known
-        ]
+        todo = missing_chunks(ids, chunks, known)
         if not todo:
             return ids
         vectors = self.embedder.embed_passages([text for _, _, text in todo])

@@ -16,39 +16,37 @@ def _describe(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _check(value: object, pattern: re.Pattern[str], what: str, rule: str) -> str:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise InvalidIdentifier(f"invalid {what} {_describe(value)}: {rule}")
+    return value
+
+
 def validate_user_id(user_id: object) -> str:
     """Return `user_id` if it is 1-64 ASCII letters, digits, '_' or '-' (not first)."""
-    if not isinstance(user_id, str) or not _USER_ID.fullmatch(user_id):
-        raise InvalidIdentifier(
-            f"invalid user id {_describe(user_id)}: use 1-64 ASCII letters, digits, '_' or '-', "
-            "starting with a letter or digit"
-        )
-    return user_id
+    return _check(
+        user_id,
+        _USER_ID,
+        "user id",
+        "use 1-64 ASCII letters, digits, '_' or '-', starting with a letter or digit",
+    )
 
 
 def validate_label(label: object) -> str:
     """Return `label` if it is a lowercase identifier of 1-48 characters."""
-    if not isinstance(label, str) or not _LABEL.fullmatch(label):
-        raise InvalidIdentifier(
-            f"invalid block label {_describe(label)}: use 1-48 lowercase ASCII letters, digits "
-            "or '_', starting with a letter"
-        )
-    return label
+    return _check(
+        label,
+        _LABEL,
+        "block label",
+        "use 1-48 lowercase ASCII letters, digits or '_', starting with a letter",
+    )
 
 
 def validate_diff_id(diff_id: object) -> str:
     """Return `diff_id` if it is 32 lowercase hex digits (a uuid4 without dashes)."""
-    if not isinstance(diff_id, str) or not _DIFF_ID.fullmatch(diff_id):
-        raise InvalidIdentifier(
-            f"invalid diff id {_describe(diff_id)}: expected 32 lowercase hex digits"
-        )
-    return diff_id
+    return _check(diff_id, _DIFF_ID, "diff id", "expected 32 lowercase hex digits")
 
 
 def validate_sha(sha: object) -> str:
     """Return `sha` if it looks like a (possibly abbreviated) git commit sha."""
-    if not isinstance(sha, str) or not _SHA.fullmatch(sha):
-        raise InvalidIdentifier(
-            f"invalid commit sha {_describe(sha)}: expected 4-40 lowercase hex digits"
-        )
-    return sha
+    return _check(sha, _SHA, "commit sha", "expected 4-40 lowercase hex digits")
