@@ -165,7 +165,7 @@ def compile_context(
     if summarizer is None or context.overview.total_tokens <= overflow_share * window:
         return context
     after, previous = _summary(summaries, user_id)
-    messages = service.recall.recent(user_id, limit=1_000_000, after_id=after)
+    messages = service.recall.after(user_id, after)
     fixed = context.overview.total_tokens - context.overview.messages_tokens
     budget = max(0, int(overflow_share * window) - fixed)
     cut = _cut_index(messages, int(budget * KEEP_SHARE_AFTER_SUMMARY))
@@ -197,7 +197,7 @@ def _compile(
     summary_text = f"<conversation_summary>\n{summary}\n</conversation_summary>" if summary else ""
     instructions = profile.persona.instructions.strip()
     system = "\n\n".join(p for p in (instructions, core, metadata, summary_text) if p)
-    recent = service.recall.recent(user_id, limit=1_000_000, after_id=after)
+    recent = service.recall.after(user_id, after)
     messages = to_chat_messages(recent)
     tokens = {
         "system": count_tokens(instructions),

@@ -121,17 +121,27 @@ class RecallStore:
                 select(func.count()).where(RecallMessageRow.user_id == user_id)
             ).one()
 
-    def recent(self, user_id: str, limit: int = 50, after_id: int = 0) -> list[RecallMessage]:
-        """The newest `limit` messages with an id above `after_id`, oldest first (the order a
-        context needs)."""
+    def recent(self, user_id: str, limit: int = 50) -> list[RecallMessage]:
+        """The newest `limit` messages, oldest first."""
         query = (
             select(RecallMessageRow)
-            .where(RecallMessageRow.user_id == user_id, col(RecallMessageRow.id) > after_id)
+            .where(RecallMessageRow.user_id == user_id)
             .order_by(col(RecallMessageRow.id).desc())
             .limit(limit)
         )
         with Session(self.engine) as session:
             return [_to_model(r) for r in reversed(session.exec(query).all())]
+
+    def after(self, user_id: str, after_id: int) -> list[RecallMessage]:
+        """Every message with an id above `after_id`, oldest first: what a context holds after
+        its summary (the summary keeps this list bounded)."""
+        query = (
+            select(RecallMessageRow)
+            .where(RecallMessageRow.user_id == user_id, col(RecallMessageRow.id) > after_id)
+            .order_by(col(RecallMessageRow.id))
+        )
+        with Session(self.engine) as session:
+            return [_to_model(r) for r in session.exec(query).all()]
 
     def search(
         self,
