@@ -59,13 +59,111 @@ def load_config_file(path: Path | None = None) -> dict[str, Any]:
 
 
 def memory_settings(path: Path | None = None) -> MemorySettings:
-    raw = load_config_file(path).get("memory") or {}
-    if not isinstance(raw, dict):
-        raise ConfigError("memory: must be a mapping")
-    raw = {**raw, **{key: os.environ[env] for env, key in _ENV.items() if os.environ.get(env)}}
+    return load_settings(path).memory
+
+
+class RetrySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    initial_interval_s: float = Field(default=1.0, gt=0)
+    backoff: float = Field(default=2.0, ge=1.0)
+    maximum_interval_s: float = Field(default=60.0, gt=0)
+    maximum_attempts: int = Field(default=0, ge=0)
+    """0: retry until the activity's schedule-to-close timeout (Temporal's default)."""
+
+
+class ActivitySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    start_to_close_s: float = Field(gt=0)
+    retry: RetrySettings = RetrySettings()
+
+
+def _activity(start_to_close_s: float, **retry: float) -> ActivitySettings:
+    return ActivitySettings(start_to_close_s=start_to_close_s, retry=RetrySettings(**retry))
+
+
+class ActivitiesSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_call: ActivitySettings = _activity(120, maximum_attempts=10)
+    memory: ActivitySettings = _activity(30)
+    commit: ActivitySettings = _activity(60)
+    archive: ActivitySettings = _activity(300)
+
+
+class TemporalSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    address: str = "127.0.0.1:7233"
+    namespace: str = "default"
+    task_queue: str = "durable-memory"
+    tls: bool = False
+    api_key: str | None = None
+    """Temporal Cloud API key (implies TLS)."""
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+
+class DevServerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ip: str = "127.0.0.1"
+    port: int = Field(default=7233, gt=0, lt=65536)
+    ui_port: int = Field(default=8233, gt=0, lt=65536)
+    db_filename: str = "temporal.db"
+    """Relative paths live in the data dir."""
+    log_level: Literal["debug", "info", "warn", "error"] = "warn"
+
+
+class TurnSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    approval_ttl_s: float = Field(default=7 * 24 * 3600, gt=0)
+    """Undecided diffs expire after this long."""
+
+
+class RotationScheduleSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schedule_id: str = "durable-memory-rotation-sweep"
+    interval_s: float = Field(default=3600, ge=10)
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    memory: MemorySettings = MemorySettings()
+    temporal: TemporalSettings = TemporalSettings()
+    dev_server: DevServerSettings = DevServerSettings()
+    activities: ActivitiesSettings = ActivitiesSettings()
+    turn: TurnSettings = TurnSettings()
+    rotation: RotationScheduleSettings = RotationScheduleSettings()
+
+
+_SETTINGS_ENV = {
+    "DMEM_TEMPORAL_ADDRESS": ("temporal", "address"),
+    "DMEM_TEMPORAL_NAMESPACE": ("temporal", "namespace"),
+    "DMEM_TEMPORAL_API_KEY": ("temporal", "api_key"),
+    "DMEM_TASK_QUEUE": ("temporal", "task_queue"),
+    "DMEM_APPROVAL_TTL_S": ("turn", "approval_ttl_s"),
+    **{env: ("memory", key) for env, key in _ENV.items()},
+}
+
+
+def load_settings(path: Path | None = None) -> Settings:
+    """temporal.yaml (or DMEM_CONFIG) with environment overrides; a wrong or missing value is
+    a ConfigError naming the key."""
+    raw = load_config_file(path)
+    for env, (section, key) in _SETTINGS_ENV.items():
+        if os.environ.get(env):
+            part = raw.setdefault(section, {})
+            if not isinstance(part, dict):
+                raise ConfigError(f"{section}: must be a mapping")
+            part[key] = os.environ[env]
     try:
-        return MemorySettings.model_validate(raw)
+        return Settings.model_validate(raw)
     except ValidationError as error:
         first = error.errors()[0]
         key = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(f"memory.{key}: {first['msg']}") from None
+        raise ConfigError(f"{key}: {first['msg']}") from None
