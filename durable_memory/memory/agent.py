@@ -91,7 +91,7 @@ def run_tools(
     """Execute every tool call of a reply; returns the results and the diff ids created."""
     results, diff_ids = [], []
     for use in reply.tool_uses:
-        outcome = tools.execute(user_id, turn_id, use.name, use.input)
+        outcome = tools.execute(user_id, turn_id, use.name, use.input, call_id=use.id)
         results.append(
             ToolResultBlock(tool_use_id=use.id, content=outcome.content, is_error=outcome.is_error)
         )

@@ -90,9 +90,12 @@ def message_tokens(m: RecallMessage) -> int:
     return count_tokens(block[1].model_dump_json()) + MESSAGE_OVERHEAD_TOKENS if block else 0
 
 
-def to_chat_messages(messages: Sequence[RecallMessage]) -> list[ChatMessage]:
+def to_chat_messages(
+    messages: Sequence[RecallMessage], *, start_with_user: bool = True
+) -> list[ChatMessage]:
     """Recall messages as Messages API turns: consecutive blocks of one role are merged, and a
-    tool call whose result never arrived (a turn cut short) is left out."""
+    tool call whose result never arrived (a turn cut short) is left out. A context starts
+    with a user message; a continuation of a turn (`start_with_user=False`) need not."""
     answered = {m.tool_call_id for m in messages if m.role is MessageRole.TOOL_RESULT}
     turns: list[tuple[str, list[ContentBlock]]] = []
     for m in messages:
@@ -104,7 +107,7 @@ def to_chat_messages(messages: Sequence[RecallMessage]) -> list[ChatMessage]:
             turns[-1][1].append(block)
         else:
             turns.append((role, [block]))
-    while turns and turns[0][0] != "user":
+    while start_with_user and turns and turns[0][0] != "user":
         turns.pop(0)
     return [ChatMessage.model_validate({"role": r, "content": b}) for r, b in turns]
 

@@ -6,7 +6,13 @@ from sqlalchemy import Engine, event, text
 from sqlmodel import SQLModel, create_engine
 
 # Imported for their side effect: registering their tables on SQLModel.metadata.
-from durable_memory.memory import diffs, recall, rotation_state, summaries  # noqa: F401
+from durable_memory.memory import (  # noqa: F401
+    diffs,
+    recall,
+    rotation_state,
+    summaries,
+    turns,
+)
 
 _SQLITE_FTS = [
     """CREATE VIRTUAL TABLE IF NOT EXISTS recall_fts USING fts5(

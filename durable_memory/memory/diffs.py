@@ -117,6 +117,21 @@ class DiffStore:
             session.commit()
             return list(older)
 
+    def find(self, diff_id: str) -> PendingDiff | None:
+        with Session(self.engine) as session:
+            row = session.get(PendingDiffRow, validate_diff_id(diff_id))
+            return _to_model(row) if row else None
+
+    def superseded_by(self, diff_ids: list[str]) -> list[PendingDiff]:
+        """The diffs that the given (newer) diffs superseded."""
+        if not diff_ids:
+            return []
+        with Session(self.engine) as session:
+            rows = session.exec(
+                select(PendingDiffRow).where(col(PendingDiffRow.superseded_by).in_(diff_ids))
+            ).all()
+            return [_to_model(r) for r in rows]
+
     def get(self, diff_id: str, user_id: str | None = None) -> PendingDiff:
         """The diff; a diff of another user is reported exactly like a missing one."""
         validate_diff_id(diff_id)

@@ -132,6 +132,20 @@ class RecallStore:
         with Session(self.engine) as session:
             return [_to_model(r) for r in reversed(session.exec(query).all())]
 
+    def turn(self, user_id: str, turn_id: str, from_seq: int = 0) -> list[RecallMessage]:
+        """The messages of one turn from `from_seq` on, in order."""
+        query = (
+            select(RecallMessageRow)
+            .where(
+                RecallMessageRow.user_id == user_id,
+                RecallMessageRow.turn_id == turn_id,
+                col(RecallMessageRow.seq) >= from_seq,
+            )
+            .order_by(col(RecallMessageRow.seq))
+        )
+        with Session(self.engine) as session:
+            return [_to_model(r) for r in session.exec(query).all()]
+
     def after(self, user_id: str, after_id: int) -> list[RecallMessage]:
         """Every message with an id above `after_id`, oldest first: what a context holds after
         its summary (the summary keeps this list bounded)."""

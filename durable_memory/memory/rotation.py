@@ -321,11 +321,19 @@ class Rotator:
                 new[field.name] = [] if isinstance(new[field.name], list) else None
         return validate_fields(spec, new)
 
-    def plan(self, user_id: str, label: str, *, force: bool = False) -> RotationPlan | None:
+    def plan(
+        self, user_id: str, label: str, *, force: bool = False, at_sha: str | None = None
+    ) -> RotationPlan | None:
         """What rotating the block now would do; None if it is under its threshold, empty, or
         already within the compression target. Reads only: nothing changes until `archive_step`
-        and `commit_step`."""
-        block = self.service.read_block(validate_user_id(user_id), validate_label(label))
+        and `commit_step`. `at_sha` re-derives the plan of an earlier check (a Temporal
+        activity holds only the sha between steps)."""
+        validate_user_id(user_id)
+        block = (
+            self.service.read_block_at(user_id, validate_label(label), at_sha)
+            if at_sha
+            else self.service.read_block(user_id, validate_label(label))
+        )
         if block.sha is None or not block.value:
             return None
         strategy = self.strategy(user_id, block.spec)

@@ -158,6 +158,9 @@ class MemoryService:
         with self.git.transaction(user_id) as tx:
             return Block(label, spec, self._parse(tx, spec), tx.head)
 
+    def read_block_at(self, user_id: str, label: str, sha: str) -> Block:
+        return Block(label, self.spec(label), self.read_at(user_id, label, sha), sha)
+
     def read_blocks(self, user_id: str) -> dict[str, Block]:
         """Every block of the profile, in profile order."""
         with self.git.transaction(user_id) as tx:
@@ -282,8 +285,18 @@ class MemoryService:
         op: EditOperation,
         reasoning: str,
         proposed_by: str,
+        *,
+        diff_id: str | None = None,
     ) -> PendingDiff:
-        """The model's edit: checked against HEAD now, stored as pending, memory untouched."""
+        """The model's edit: checked against HEAD now, stored as pending, memory untouched.
+
+        With a `diff_id` (derived from the tool call by a Temporal activity), proposing again
+        returns the diff already stored under it: a retried activity creates nothing new.
+        """
+        if diff_id is not None:
+            existing = self.diffs.find(diff_id)
+            if existing is not None:
+                return existing
         spec = self.spec(label)
         if spec.read_only:
             raise ReadOnlyBlock(f"block '{label}' is read-only; it cannot be edited by the agent")
@@ -294,7 +307,7 @@ class MemoryService:
         block = self.read_block(user_id, label)
         apply_operation(spec, block.fields, op)
         diff = PendingDiff(
-            id=uuid.uuid4().hex,
+            id=diff_id or uuid.uuid4().hex,
             user_id=user_id,
             label=label,
             operation=op,

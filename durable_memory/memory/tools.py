@@ -6,6 +6,7 @@ a message it can act on; a tool call never fails the turn.
 """
 
 import json
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Literal
@@ -32,6 +33,8 @@ from durable_memory.models.operations import (
     SetTask,
 )
 from durable_memory.models.recall import MessageRole
+
+_DIFF_NAMESPACE = uuid.UUID("0b7c2a55-8f3e-4a51-9d0e-3c6b1f2e7a90")
 
 _APPROVAL = (
     "The edit is NOT applied yet: it becomes a pending diff that a human approves or rejects. "
@@ -254,7 +257,16 @@ class MemoryTools:
         self.service = service
         self.archive = archive
 
-    def execute(self, user_id: str, turn_id: str, name: str, arguments: object) -> ToolOutcome:
+    def execute(
+        self,
+        user_id: str,
+        turn_id: str,
+        name: str,
+        arguments: object,
+        call_id: str | None = None,
+    ) -> ToolOutcome:
+        """Run one tool call. With the model's `call_id`, an edit's diff id derives from the
+        turn and the call, so executing the same call again proposes nothing new."""
         if name not in TOOL_DOCS:
             return ToolOutcome(
                 f"unknown tool '{name}'; the tools are {', '.join(TOOL_DOCS)}", is_error=True
@@ -274,7 +286,14 @@ class MemoryTools:
             if isinstance(call, ConversationSearch):
                 return self._conversation_search(user_id, call)
             label, op, reasoning = _edit_operation(call)
-            diff = self.service.propose(user_id, label, op, reasoning, f"turn:{turn_id}")
+            diff_id = (
+                uuid.uuid5(_DIFF_NAMESPACE, f"{user_id}/{turn_id}/{call_id}").hex
+                if call_id
+                else None
+            )
+            diff = self.service.propose(
+                user_id, label, op, reasoning, f"turn:{turn_id}", diff_id=diff_id
+            )
         except (DurableMemoryError, ValidationError) as error:
             return ToolOutcome(f"{name} failed: {error}", is_error=True)
         return ToolOutcome(

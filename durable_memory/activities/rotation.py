@@ -1,0 +1,64 @@
+"""Activities of a rotation: plan, archive, commit. The ticket carries only the base sha;
+each step re-derives the plan from it, and each step is idempotent (see memory/rotation.py)."""
+
+from temporalio import activity
+
+from durable_memory.activities.errors import domain_errors
+from durable_memory.memory.errors import DurableMemoryError
+from durable_memory.memory.rotation import RotationPlan
+from durable_memory.memory.stack import MemoryStack
+from durable_memory.models.turn import (
+    RotationCandidate,
+    RotationCommit,
+    RotationInput,
+    RotationTicket,
+)
+
+
+class RotationActivities:
+    def __init__(self, stack: MemoryStack) -> None:
+        self.stack = stack
+
+    def _plan(self, ticket: RotationTicket) -> RotationPlan:
+        plan = self.stack.rotator.plan(
+            ticket.user_id, ticket.label, force=True, at_sha=ticket.base_sha
+        )
+        if plan is None:
+            raise DurableMemoryError(f"nothing to rotate in {ticket.label}@{ticket.base_sha}")
+        return plan
+
+    @activity.defn(name="dmem.plan_rotation")
+    def plan_rotation(self, request: RotationInput) -> RotationTicket | None:
+        with domain_errors():
+            plan = self.stack.rotator.plan(request.user_id, request.label, force=request.force)
+            if plan is None:
+                return None
+            return RotationTicket(
+                user_id=plan.user_id,
+                label=plan.label,
+                base_sha=plan.base_sha,
+                strategy=plan.strategy,
+                chars_before=plan.chars_before,
+                chars_after=plan.chars_after,
+            )
+
+    @activity.defn(name="dmem.archive_rotation")
+    def archive_rotation(self, ticket: RotationTicket) -> list[str]:
+        with domain_errors():
+            return self.stack.rotator.archive_step(self._plan(ticket))
+
+    @activity.defn(name="dmem.commit_rotation")
+    def commit_rotation(self, commit: RotationCommit) -> str | None:
+        with domain_errors():
+            return self.stack.rotator.commit_step(self._plan(commit.ticket), commit.passage_ids)
+
+    @activity.defn(name="dmem.rotation_candidates")
+    def rotation_candidates(self) -> list[RotationCandidate]:
+        """Every user's blocks over their threshold (the adaptive strategy learns from it)."""
+        with domain_errors():
+            found = []
+            for user_id in self.stack.service.git.users():
+                for spec in self.stack.service.profile.blocks:
+                    if self.stack.rotator.check(user_id, spec.label).should_rotate:
+                        found.append(RotationCandidate(user_id=user_id, label=spec.label))
+            return found

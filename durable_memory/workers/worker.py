@@ -1,0 +1,79 @@
+"""The worker: builds the memory stack and the model, registers workflows and activities."""
+
+import asyncio
+import concurrent.futures
+from collections.abc import Sequence
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from durable_memory.activities.rotation import RotationActivities
+from durable_memory.activities.turn import TurnActivities
+from durable_memory.config import Settings
+from durable_memory.memory.agent import ChatModel
+from durable_memory.memory.stack import MemoryStack, open_stack
+from durable_memory.memory.turns import TurnStore
+from durable_memory.workflows.rotation import RotationSweepWorkflow, RotationWorkflow
+from durable_memory.workflows.turn import TurnWorkflow
+
+WORKFLOWS: Sequence[type] = (TurnWorkflow, RotationWorkflow, RotationSweepWorkflow)
+ACTIVITY_THREADS = 16
+
+
+def stack_from_settings(settings: Settings) -> MemoryStack:
+    memory = settings.memory
+    return open_stack(
+        memory.data_dir,
+        memory.database_url,
+        memory.profile,
+        archive_backend=memory.archive,
+        target_ratio=memory.rotation_target_ratio,
+    )
+
+
+def activities_for(stack: MemoryStack, model: ChatModel) -> list[Any]:
+    turns = TurnActivities(stack, model, TurnStore(stack.service.diffs.engine))
+    rotation = RotationActivities(stack)
+    return [
+        turns.prepare_turn,
+        turns.call_model,
+        turns.run_tools,
+        turns.finish_turn,
+        turns.decide,
+        turns.expire_diffs,
+        turns.needs_rotation,
+        rotation.plan_rotation,
+        rotation.archive_rotation,
+        rotation.commit_rotation,
+        rotation.rotation_candidates,
+    ]
+
+
+def build_worker(
+    client: Client,
+    task_queue: str,
+    stack: MemoryStack,
+    model: ChatModel,
+    executor: concurrent.futures.ThreadPoolExecutor,
+) -> Worker:
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=list(WORKFLOWS),
+        activities=activities_for(stack, model),
+        activity_executor=executor,
+        max_concurrent_activities=ACTIVITY_THREADS,
+    )
+
+
+async def run_worker(
+    client: Client, settings: Settings, model: ChatModel, stop: asyncio.Event
+) -> None:
+    """Run until `stop` is set, then shut down gracefully."""
+    stack = stack_from_settings(settings)
+    with concurrent.futures.ThreadPoolExecutor(ACTIVITY_THREADS) as executor:
+        worker = build_worker(client, settings.temporal.task_queue, stack, model, executor)
+        async with worker:
+            await stop.wait()
+    stack.close()

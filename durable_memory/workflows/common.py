@@ -1,0 +1,26 @@
+"""What the workflows share: activity options from settings, and the search attributes."""
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio.common import RetryPolicy, SearchAttributeKey
+
+from durable_memory.config import ActivitySettings
+
+USER_ID = SearchAttributeKey.for_keyword("DmemUserId")
+TURN_STATUS = SearchAttributeKey.for_keyword("DmemTurnStatus")
+PENDING_DIFFS = SearchAttributeKey.for_int("DmemPendingDiffs")
+SEARCH_ATTRIBUTES = (USER_ID, TURN_STATUS, PENDING_DIFFS)
+
+
+def activity_options(settings: ActivitySettings) -> dict[str, Any]:
+    retry = settings.retry
+    return {
+        "start_to_close_timeout": timedelta(seconds=settings.start_to_close_s),
+        "retry_policy": RetryPolicy(
+            initial_interval=timedelta(seconds=retry.initial_interval_s),
+            backoff_coefficient=retry.backoff,
+            maximum_interval=timedelta(seconds=retry.maximum_interval_s),
+            maximum_attempts=retry.maximum_attempts,
+        ),
+    }

@@ -1,0 +1,95 @@
+"""Rotation of one block (archive, then commit), and the scheduled sweep that starts them.
+
+One rotation per block at a time: the workflow id is `rotation-<user>-<label>`, and starting
+one while another runs is refused by Temporal (WorkflowAlreadyStarted), not by a lock.
+"""
+
+from temporalio import workflow
+from temporalio.exceptions import WorkflowAlreadyStartedError
+
+with workflow.unsafe.imports_passed_through():
+    from durable_memory.activities.rotation import RotationActivities
+    from durable_memory.models.turn import (
+        RotationCommit,
+        RotationInput,
+        RotationOutcome,
+        SweepInput,
+        rotation_workflow_id,
+    )
+    from durable_memory.workflows.common import activity_options
+
+
+@workflow.defn
+class RotationWorkflow:
+    @workflow.run
+    async def run(self, request: RotationInput) -> RotationOutcome:
+        memory = activity_options(request.activities.memory)
+        archive = activity_options(request.activities.archive)
+        commit = activity_options(request.activities.commit)
+        ticket = await workflow.execute_activity_method(
+            RotationActivities.plan_rotation, request, summary="plan the rotation", **memory
+        )
+        if ticket is None:
+            workflow.set_current_details("Nothing to rotate: the block is under its threshold.")
+            return RotationOutcome(user_id=request.user_id, label=request.label, rotated=False)
+        workflow.set_current_details(
+            f"Rotating **{ticket.label}** ({ticket.strategy.value}): "
+            f"{ticket.chars_before} -> {ticket.chars_after} chars from `{ticket.base_sha[:12]}`"
+        )
+        passage_ids = await workflow.execute_activity_method(
+            RotationActivities.archive_rotation,
+            ticket,
+            summary="archive the full text",
+            **archive,
+        )
+        sha = await workflow.execute_activity_method(
+            RotationActivities.commit_rotation,
+            RotationCommit(ticket=ticket, passage_ids=passage_ids),
+            summary="commit the compressed block",
+            **commit,
+        )
+        return RotationOutcome(
+            user_id=request.user_id,
+            label=request.label,
+            rotated=sha is not None,
+            passage_ids=passage_ids,
+            commit_sha=sha,
+        )
+
+
+async def start_rotation(request: RotationInput) -> bool:
+    """Start the block's rotation as an abandoned child; False if one is already running."""
+    try:
+        await workflow.start_child_workflow(
+            RotationWorkflow.run,
+            request,
+            id=rotation_workflow_id(request.user_id, request.label),
+            parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+            static_summary=f"Rotate {request.label} of {request.user_id}",
+        )
+    except WorkflowAlreadyStartedError:
+        return False
+    return True
+
+
+@workflow.defn
+class RotationSweepWorkflow:
+    """Run by the Temporal Schedule: find every block over its threshold, rotate each."""
+
+    @workflow.run
+    async def run(self, sweep: SweepInput) -> int:
+        candidates = await workflow.execute_activity_method(
+            RotationActivities.rotation_candidates,
+            summary="find blocks over their rotation threshold",
+            **activity_options(sweep.activities.archive),
+        )
+        started = 0
+        for candidate in candidates:
+            request = RotationInput(
+                user_id=candidate.user_id, label=candidate.label, activities=sweep.activities
+            )
+            started += await start_rotation(request)
+        workflow.set_current_details(
+            f"{len(candidates)} block(s) over threshold, {started} rotation(s) started"
+        )
+        return started

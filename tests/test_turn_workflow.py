@@ -1,0 +1,184 @@
+"""The turn workflow end to end on a real Temporal dev server, with the real SDK talking to
+the scripted model server: reply in the starting call, approve, reject, edit-then-approve,
+expiry, supersede, and the rotation a commit triggers."""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.testing import WorkflowEnvironment
+
+from durable_memory.memory.errors import DiffAlreadyDecided
+from durable_memory.models.diffs import DiffStatus
+from durable_memory.models.turn import TurnOutcome, turn_workflow_id
+from durable_memory.workflows.rotation import RotationWorkflow
+from durable_memory.workflows.turn import TurnWorkflow
+from tests.temporal_helpers import rig_settings, running_rig
+
+
+def edit(label: str, field: str, operation: str, value: Any, why: str = "r") -> dict[str, Any]:
+    return {
+        "type": "tool_use",
+        "name": "edit_memory_block",
+        "input": {
+            "label": label,
+            "field": field,
+            "operation": operation,
+            "value": value,
+            "reasoning": why,
+        },
+    }
+
+
+THREE_EDITS: list[dict[str, Any]] = [
+    {
+        "content": [
+            {"type": "text", "text": "Noting."},
+            edit("student", "name", "set", "Alice"),
+            edit("journey", "stage", "set", "drafting"),
+            {
+                "type": "tool_use",
+                "name": "edit_memory_block",
+                "input": {
+                    "label": "human",
+                    "operation": "set_task",
+                    "value": "Outline",
+                    "reasoning": "r",
+                },
+            },
+        ]
+    },
+    {"text": "Welcome, Alice."},
+]
+
+
+async def _outcome(rig_client: Any, user: str, turn_id: str) -> TurnOutcome:
+    handle = rig_client.client.get_workflow_handle_for(
+        TurnWorkflow.run, turn_workflow_id(user, turn_id)
+    )
+    result: TurnOutcome = await handle.result()
+    return result
+
+
+async def test_reply_then_approve_reject_and_edited_approval(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    settings = rig_settings(tmp_path / "data")
+    async with running_rig(temporal_env.client, settings, THREE_EDITS) as rig:
+        reply = await rig.client.send_message("alice", "Hi, I'm Alice", turn_id="t1")
+        assert reply.reply == "Welcome, Alice."
+        assert [d.status for d in reply.diffs] == [DiffStatus.PENDING] * 3
+        name, stage, task = reply.diffs
+        # The reply came back before anything was decided: memory is untouched.
+        assert rig.stack.service.read_block("alice", "student").fields["name"] is None
+
+        handle = temporal_env.client.get_workflow_handle(reply.workflow_id)
+        assert await handle.query(TurnWorkflow.status) == "awaiting_approval"
+        approved = await rig.client.approve(name.id, "ms-rivera")
+        assert approved is not None
+        assert approved.status is DiffStatus.APPROVED
+        assert rig.stack.service.read_block("alice", "student").fields["name"] == "Alice"
+        rejected = await rig.client.reject(stage.id, "ms-rivera", "too early")
+        assert rejected is not None
+        assert rejected.status is DiffStatus.REJECTED
+        with pytest.raises(DiffAlreadyDecided, match="already rejected"):
+            await rig.client.approve(stage.id, "bob")
+        markdown = rig.stack.service.render("alice", "human", "markdown").replace(
+            "## Current Task\n", "## Current Task\nOutline the robot essay"
+        )
+        edited = await rig.client.approve(task.id, "alice", edited_markdown=markdown)
+        assert edited is not None
+        assert edited.status is DiffStatus.APPROVED
+        assert rig.stack.service.read_block("alice", "human").fields["current_task"] == (
+            "Outline the robot essay"
+        )
+        outcome = await _outcome(rig.client, "alice", "t1")
+        assert outcome.status == "done"
+        assert {d.diff_id: d.status for d in outcome.decisions} == {
+            name.id: DiffStatus.APPROVED,
+            stage.id: DiffStatus.REJECTED,
+            task.id: DiffStatus.APPROVED,
+        }
+        commits = rig.stack.service.history("alice", "student", 10)
+        assert commits[0].trailers["Diff-Id"] == name.id
+        # The same turn id again returns the same turn, not a new one.
+        again = await rig.client.send_message("alice", "Hi, I'm Alice", turn_id="t1")
+        assert again.reply == reply.reply
+
+
+async def test_signals_and_expiry(temporal_env: WorkflowEnvironment, tmp_path: Path) -> None:
+    settings = rig_settings(tmp_path / "data", ttl_s=4)
+    async with running_rig(temporal_env.client, settings, THREE_EDITS) as rig:
+        reply = await rig.client.send_message("alice", "Hi", turn_id="t2")
+        first = reply.diffs[0]
+        assert await rig.client.approve(first.id, "ms-rivera", wait=False) is None  # a signal
+        outcome = await _outcome(rig.client, "alice", "t2")
+        statuses = {d.diff_id: d.status for d in outcome.decisions}
+        assert statuses[first.id] is DiffStatus.APPROVED
+        assert [statuses[d.id] for d in reply.diffs[1:]] == [DiffStatus.EXPIRED] * 2
+        assert outcome.status == "expired"
+        assert rig.stack.service.diffs.get(reply.diffs[1].id).status is DiffStatus.EXPIRED
+
+
+async def test_newer_turn_supersedes_and_ends_the_older_wait(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    script: list[dict[str, Any]] = [
+        {"content": [edit("student", "name", "set", "Ally")]},
+        {"text": "ok 1"},
+        {"content": [edit("student", "name", "set", "Alice")]},
+        {"text": "ok 2"},
+    ]
+    settings = rig_settings(tmp_path / "data")
+    async with running_rig(temporal_env.client, settings, script) as rig:
+        first = await rig.client.send_message("alice", "call me Ally", turn_id="older")
+        second = await rig.client.send_message("alice", "actually Alice", turn_id="newer")
+        older = await _outcome(rig.client, "alice", "older")
+        assert [d.status for d in older.decisions] == [DiffStatus.SUPERSEDED]
+        assert rig.stack.service.diffs.get(first.diffs[0].id).superseded_by == second.diffs[0].id
+        await rig.client.approve(second.diffs[0].id, "ms-rivera")
+        assert (await _outcome(rig.client, "alice", "newer")).status == "done"
+
+
+async def test_approval_that_crosses_the_threshold_starts_a_rotation(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    long_note = "Discussed the robotics competition at length " + "x" * 420
+    script: list[dict[str, Any]] = [
+        {
+            "content": [
+                {
+                    "type": "tool_use",
+                    "name": "edit_memory_block",
+                    "input": {
+                        "label": "human",
+                        "operation": "add_context",
+                        "value": long_note,
+                        "reasoning": "r",
+                    },
+                }
+            ]
+        },
+        {"text": "Noted."},
+    ]
+    settings = rig_settings(tmp_path / "data")
+    async with running_rig(temporal_env.client, settings, script) as rig:
+        from durable_memory.models.history import Author, AuthorKind
+
+        backend = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
+        rig.stack.service.ensure_user("alice")
+        for i in range(2):
+            rig.stack.service.add_context("alice", f"note {i} " + "y" * 420, backend)
+        reply = await rig.client.send_message("alice", "we talked a lot", turn_id="t3")
+        await rig.client.approve(reply.diffs[0].id, "ms-rivera")
+        handle = temporal_env.client.get_workflow_handle_for(
+            RotationWorkflow.run, "rotation-alice-human"
+        )
+        result = await handle.result()
+        assert result.rotated
+        passages = rig.stack.archive.page("alice")
+        assert [p.id for p in passages] == result.passage_ids
+        assert "Discussed the robotics competition" in passages[0].text
+        desc = await handle.describe()
+        assert desc.status == WorkflowExecutionStatus.COMPLETED
