@@ -2,11 +2,13 @@
 the scripted model server: reply in the starting call, approve, reject, edit-then-approve,
 expiry, supersede, and the rotation a commit triggers."""
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio.client import WorkflowExecutionStatus
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.memory.errors import DiffAlreadyDecided
@@ -181,3 +183,45 @@ async def test_approval_that_crosses_the_threshold_starts_a_rotation(
         assert "Discussed the robotics competition" in passages[0].text
         desc = await handle.describe()
         assert desc.status == WorkflowExecutionStatus.COMPLETED
+
+
+async def test_the_schedule_sweeps_blocks_over_threshold(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    settings = rig_settings(tmp_path / "data")
+    settings = settings.model_copy(
+        update={
+            "rotation": settings.rotation.model_copy(
+                update={"schedule_id": f"sweep-{settings.temporal.task_queue}"}
+            )
+        }
+    )
+    async with running_rig(temporal_env.client, settings, []) as rig:
+        from durable_memory.models.history import Author, AuthorKind
+
+        backend = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
+        for user in ("carol", "bob"):
+            rig.stack.service.ensure_user(user)
+        for i in range(3):  # carol's human block goes over its 80% threshold
+            rig.stack.service.add_context("carol", f"note {i} " + "z" * 420, backend)
+        schedule_id = await rig.client.ensure_rotation_schedule()
+        assert schedule_id == await rig.client.ensure_rotation_schedule()  # idempotent
+        schedule = temporal_env.client.get_schedule_handle(schedule_id)
+        await schedule.trigger()
+        rotation = temporal_env.client.get_workflow_handle(
+            "rotation-carol-human", result_type=RotationOutcome
+        )
+        for _ in range(100):  # the sweep starts the rotation as an abandoned child
+            try:
+                result = await rotation.result()
+                break
+            except RPCError:
+                await asyncio.sleep(0.1)
+        assert result.rotated
+        passages = rig.stack.archive.page("carol")
+        assert sorted(p.id for p in passages) == sorted(result.passage_ids)  # chunks of one text
+        assert {(p.source.value, p.label) for p in passages} == {("rotation", "human")}
+        assert rig.stack.archive.count("bob") == 0
+        description = await schedule.describe()
+        assert description.schedule.spec.intervals[0].every.total_seconds() == 3600
+        await schedule.delete()
