@@ -4,6 +4,7 @@ each step re-derives the plan from it, and each step is idempotent (see memory/r
 from temporalio import activity
 
 from durable_memory.activities.errors import domain_errors
+from durable_memory.faults import AFTER_ARCHIVE, crash_point
 from durable_memory.memory.errors import DurableMemoryError
 from durable_memory.memory.rotation import RotationPlan
 from durable_memory.memory.stack import MemoryStack
@@ -45,7 +46,9 @@ class RotationActivities:
     @activity.defn(name="dmem.archive_rotation")
     def archive_rotation(self, ticket: RotationTicket) -> list[str]:
         with domain_errors():
-            return self.stack.rotator.archive_step(self._plan(ticket))
+            ids = self.stack.rotator.archive_step(self._plan(ticket))
+            crash_point(AFTER_ARCHIVE)
+            return ids
 
     @activity.defn(name="dmem.commit_rotation")
     def commit_rotation(self, commit: RotationCommit) -> str | None:

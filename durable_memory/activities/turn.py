@@ -9,6 +9,7 @@ results from s*1000+500, and a step-limit note goes to 999000.
 from temporalio import activity
 
 from durable_memory.activities.errors import domain_errors
+from durable_memory.faults import AFTER_MODEL_CALL, crash_point
 from durable_memory.memory.agent import (
     ChatModel,
     model_summarizer,
@@ -94,6 +95,7 @@ class TurnActivities:
                 settings = self.stack.service.profile.model
                 reply = self.model.create(settings, context.system, messages, context.tools)
                 reply = self.turns.save_reply(step.user_id, step.turn_id, step.step, reply)
+                crash_point(AFTER_MODEL_CALL)
             self.stack.service.recall.append(
                 step.user_id, step.turn_id, reply_messages(reply), first_seq=step.step * STEP_SEQ
             )

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import git
 
+from durable_memory.faults import MID_COMMIT, crash_point
 from durable_memory.memory.errors import (
     DurableMemoryError,
     HandEditPending,
@@ -188,6 +189,7 @@ class RepoTransaction:
             tmp.write_text(text, encoding="utf-8", newline="")
             os.replace(tmp, target)
         self.repo.index.add([block_path(label) for label in changed])
+        crash_point(MID_COMMIT)
         actor = _actor(author)
         new = self.repo.index.commit(
             message,

@@ -1,0 +1,25 @@
+"""Named crash points for the fault tests (failpoints). Inert unless DMEM_CRASH_AT names the
+point: the process then kills itself with SIGKILL the first time it gets there, and a marker
+file (DMEM_CRASH_MARKER) records that it did, so the restarted process runs through."""
+
+import os
+import signal
+from pathlib import Path
+
+AFTER_MODEL_CALL = "after_model_call"
+"""The model's reply is stored; its messages are not yet in recall."""
+MID_COMMIT = "mid_commit"
+"""A block file is written and staged; the commit does not exist yet."""
+AFTER_ARCHIVE = "after_archive"
+"""A rotation's full text is archived; the compressed block is not committed yet."""
+
+
+def crash_point(name: str) -> None:
+    if os.environ.get("DMEM_CRASH_AT") != name:
+        return
+    marker = Path(os.environ.get("DMEM_CRASH_MARKER", f"/tmp/dmem-crash-{os.getpid()}"))
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,223 @@
+"""Crash tests: the worker process is killed with SIGKILL right after the model call and in
+the middle of a commit; a restarted worker completes the turn with one commit per approved
+diff and no message lost. The dev server restarted (with its database file) during an
+approval wait still delivers the approval."""
+
+import asyncio
+import concurrent.futures
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from temporalio.testing import WorkflowEnvironment
+
+from durable_memory.client import MemoryClient
+from durable_memory.config import (
+    ActivitiesSettings,
+    ActivitySettings,
+    DevServerSettings,
+    RetrySettings,
+    Settings,
+)
+from durable_memory.faults import AFTER_MODEL_CALL, MID_COMMIT
+from durable_memory.memory.llm import AnthropicModel
+from durable_memory.models.diffs import DiffStatus
+from durable_memory.models.turn import TurnOutcome, turn_workflow_id
+from durable_memory.scripted_model import ScriptedModelServer
+from durable_memory.workers.dev_server import start_dev_server
+from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker, stack_from_settings
+from durable_memory.workflows.turn import TurnWorkflow
+from tests.temporal_helpers import rig_settings
+
+FAST = ActivitySettings(start_to_close_s=4, retry=RetrySettings(initial_interval_s=0.2))
+SCRIPT: list[dict[str, Any]] = [
+    {
+        "content": [
+            {
+                "type": "tool_use",
+                "name": "edit_memory_block",
+                "input": {
+                    "label": "student",
+                    "field": "name",
+                    "operation": "set",
+                    "value": "Alice",
+                    "reasoning": "she said so",
+                },
+            }
+        ]
+    },
+    {"text": "Welcome, Alice."},
+]
+
+
+def crash_settings(tmp_path: Path) -> Settings:
+    """Short activity timeouts, so that an activity lost with its worker is retried quickly."""
+    settings = rig_settings(tmp_path / "data")
+    fast = ActivitiesSettings(model_call=FAST, memory=FAST, commit=FAST, archive=FAST)
+    return settings.model_copy(update={"activities": fast})
+
+
+@contextmanager
+def worker_process(
+    settings: Settings,
+    address: str,
+    model_url: str,
+    crash_at: str | None = None,
+    marker: Path | None = None,
+) -> Iterator[subprocess.Popen[str]]:
+    """`dmem worker` in its own process, returned once it polls its task queue."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMEM_", "ANTHROPIC_"))}
+    env.update(
+        {
+            "DMEM_DATA_DIR": str(settings.memory.data_dir),
+            "DMEM_PROFILE": settings.memory.profile,
+            "DMEM_TEMPORAL_ADDRESS": address,
+            "DMEM_TASK_QUEUE": settings.temporal.task_queue,
+            "ANTHROPIC_BASE_URL": model_url,
+        }
+    )
+    if crash_at:
+        env.update({"DMEM_CRASH_AT": crash_at, "DMEM_CRASH_MARKER": str(marker)})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "durable_memory.cli", "worker"],
+        env=env,
+        text=True,
+        stderr=subprocess.PIPE,
+        cwd=settings.memory.data_dir.parent,
+    )
+    assert process.stderr is not None
+    deadline = time.monotonic() + 60
+    for line in process.stderr:
+        if "worker on task queue" in line or time.monotonic() > deadline:
+            break
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(30)
+
+
+def _address(env: WorkflowEnvironment) -> str:
+    return env.client.service_client.config.target_host
+
+
+async def _outcome(client: MemoryClient, user: str, turn: str) -> TurnOutcome:
+    handle = client.client.get_workflow_handle_for(TurnWorkflow.run, turn_workflow_id(user, turn))
+    result: TurnOutcome = await handle.result()
+    return result
+
+
+async def test_worker_killed_right_after_the_model_call(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    settings = crash_settings(tmp_path)
+    settings.memory.data_dir.mkdir(parents=True)
+    stack = stack_from_settings(settings)
+    client = MemoryClient(temporal_env.client, settings, stack)
+    with ScriptedModelServer(SCRIPT) as model:
+        with worker_process(
+            settings, _address(temporal_env), model.url, AFTER_MODEL_CALL, tmp_path / "crashed"
+        ) as first:
+            sending = asyncio.create_task(
+                client.send_message("alice", "Hi, I'm Alice", turn_id="k1")
+            )
+            assert await asyncio.to_thread(first.wait, 60) == -9  # SIGKILL at the crash point
+        assert (tmp_path / "crashed").exists()
+        with worker_process(settings, _address(temporal_env), model.url):
+            reply = await asyncio.wait_for(sending, 90)
+            assert reply.reply == "Welcome, Alice."
+            # The reply stored before the crash was reused: one model request per step.
+            assert len(model.requests) == 2
+            await client.approve(reply.diffs[0].id, "ms-rivera")
+            outcome = await _outcome(client, "alice", "k1")
+    assert [d.status for d in outcome.decisions] == [DiffStatus.APPROVED]
+    messages = stack.service.recall.turn("alice", "k1")
+    assert [m.role.value for m in messages] == ["user", "tool_call", "tool_result", "assistant"]
+    assert len(stack.service.history("alice", "student", 10)) == 2  # creation + one approval
+    stack.close()
+
+
+async def test_worker_killed_in_the_middle_of_a_commit(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    settings = crash_settings(tmp_path)
+    settings.memory.data_dir.mkdir(parents=True)
+    stack = stack_from_settings(settings)
+    stack.service.ensure_user("alice")  # so the first commit in the worker is the approval
+    client = MemoryClient(temporal_env.client, settings, stack)
+    with ScriptedModelServer(SCRIPT) as model:
+        with worker_process(
+            settings, _address(temporal_env), model.url, MID_COMMIT, tmp_path / "crashed"
+        ) as first:
+            reply = await client.send_message("alice", "Hi, I'm Alice", turn_id="k2")
+            diff_id = reply.diffs[0].id
+            approving = asyncio.create_task(client.approve(diff_id, "ms-rivera"))
+            assert await asyncio.to_thread(first.wait, 60) == -9
+        repo = stack.service.git.repo_path("alice")
+        assert (repo / ".git" / "dmem-journal").exists()  # died between stage and commit
+        with worker_process(settings, _address(temporal_env), model.url):
+            outcome = await asyncio.wait_for(approving, 90)
+            assert outcome is not None
+            assert outcome.status is DiffStatus.APPROVED
+            await _outcome(client, "alice", "k2")
+    commits = [
+        c
+        for c in stack.service.history("alice", "student", 10)
+        if c.trailers.get("Diff-Id") == diff_id
+    ]
+    assert [c.sha for c in commits] == [outcome.commit_sha]  # exactly one commit
+    assert stack.service.read_block("alice", "student").fields["name"] == "Alice"
+    status = subprocess.run(
+        ["git", "-C", str(repo), "status", "--porcelain"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert status == ""
+    assert [m.role.value for m in stack.service.recall.turn("alice", "k2")] == [
+        "user",
+        "tool_call",
+        "tool_result",
+        "assistant",
+    ]
+    stack.close()
+
+
+async def test_dev_server_restart_during_the_approval_wait(tmp_path: Path) -> None:
+    from durable_memory.demo import free_port
+
+    settings = rig_settings(tmp_path / "data").model_copy(
+        update={
+            "dev_server": DevServerSettings(
+                port=free_port(), ui_port=free_port(), log_level="error"
+            )
+        }
+    )
+    stack = stack_from_settings(settings)
+    with (
+        ScriptedModelServer(SCRIPT) as model_server,
+        concurrent.futures.ThreadPoolExecutor(ACTIVITY_THREADS) as pool,
+    ):
+        model = AnthropicModel(base_url=model_server.url)
+        env = await start_dev_server(settings)
+        client = MemoryClient(env.client, settings, stack)
+        async with build_worker(env.client, settings.temporal.task_queue, stack, model, pool):
+            reply = await client.send_message("alice", "Hi, I'm Alice", turn_id="r1")
+        await env.shutdown()  # the server goes down while the turn awaits approval
+
+        env = await start_dev_server(settings)  # same database file, same port
+        client = MemoryClient(env.client, settings, stack)
+        # A signal is accepted while no worker runs; the turn applies it when one starts.
+        assert await client.approve(reply.diffs[0].id, "ms-rivera", wait=False) is None
+        async with build_worker(env.client, settings.temporal.task_queue, stack, model, pool):
+            outcome = await _outcome(client, "alice", "r1")
+        await env.shutdown()
+    assert [d.status for d in outcome.decisions] == [DiffStatus.APPROVED]
+    assert stack.service.read_block("alice", "student").fields["name"] == "Alice"
+    stack.close()
