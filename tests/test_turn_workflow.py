@@ -14,6 +14,7 @@ from temporalio.testing import WorkflowEnvironment
 from durable_memory.memory.errors import DiffAlreadyDecided
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.turn import RotationOutcome, TurnOutcome, turn_workflow_id
+from durable_memory.workflows.common import PENDING_DIFFS
 from durable_memory.workflows.turn import TurnWorkflow
 from tests.temporal_helpers import rig_settings, running_rig
 
@@ -225,3 +226,30 @@ async def test_the_schedule_sweeps_blocks_over_threshold(
         description = await schedule.describe()
         assert description.schedule.spec.intervals[0].every.total_seconds() == 3600
         await schedule.delete()
+
+
+async def test_operators_find_turns_awaiting_approval_with_one_query(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    settings = rig_settings(tmp_path / "data")
+    async with running_rig(temporal_env.client, settings, THREE_EDITS) as rig:
+        reply = await rig.client.send_message("dora", "Hi, I'm Dora", turn_id="v1")
+        query = "DmemUserId = 'dora' AND DmemTurnStatus = 'awaiting_approval'"
+        found: list[str] = []
+        for _ in range(50):  # visibility is eventually consistent
+            found = [w.id async for w in temporal_env.client.list_workflows(query)]
+            if found:
+                break
+            await asyncio.sleep(0.1)
+        assert found == [reply.workflow_id]
+        description = await temporal_env.client.get_workflow_handle(reply.workflow_id).describe()
+        assert description.typed_search_attributes.get(PENDING_DIFFS) == 3
+        assert await description.static_summary() == "Turn of dora: Hi, I'm Dora"
+        details = await temporal_env.client.get_workflow_handle(reply.workflow_id).query(
+            "__temporal_workflow_metadata"
+        )
+        assert "### Proposed memory edits" in details.current_details
+        assert "+Alice" in details.current_details
+        for diff in reply.diffs:
+            await rig.client.reject(diff.id, "ms-rivera", "not now")
+        await _outcome(rig.client, "dora", "v1")
