@@ -46,8 +46,8 @@ async def _serve(client: Client, settings: Settings, script: Path | None) -> Non
     print(
         f"rotation schedule {schedule}: every {settings.rotation.interval_s:.0f}s", file=sys.stderr
     )
-    print(f"worker on task queue {settings.temporal.task_queue}; Ctrl-C stops", file=sys.stderr)
     with worker_model(script) as model:
+        print(f"worker on task queue {settings.temporal.task_queue}; Ctrl-C stops", file=sys.stderr)
         await run_worker(client, settings, model, stop)
     print("worker stopped", file=sys.stderr)
 
