@@ -31,7 +31,6 @@ from durable_memory.models.turn import TurnOutcome, turn_workflow_id
 from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workers.dev_server import start_dev_server
 from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker, stack_from_settings
-from durable_memory.workflows.turn import TurnWorkflow
 from tests.temporal_helpers import rig_settings
 
 FAST = ActivitySettings(start_to_close_s=4, retry=RetrySettings(initial_interval_s=0.2))
@@ -108,7 +107,9 @@ def _address(env: WorkflowEnvironment) -> str:
 
 
 async def _outcome(client: MemoryClient, user: str, turn: str) -> TurnOutcome:
-    handle = client.client.get_workflow_handle_for(TurnWorkflow.run, turn_workflow_id(user, turn))
+    handle = client.client.get_workflow_handle(
+        turn_workflow_id(user, turn), result_type=TurnOutcome
+    )
     result: TurnOutcome = await handle.result()
     return result
 

@@ -56,8 +56,8 @@ THREE_EDITS: list[dict[str, Any]] = [
 
 
 async def _outcome(rig_client: Any, user: str, turn_id: str) -> TurnOutcome:
-    handle = rig_client.client.get_workflow_handle_for(
-        TurnWorkflow.run, turn_workflow_id(user, turn_id)
+    handle = rig_client.client.get_workflow_handle(
+        turn_workflow_id(user, turn_id), result_type=TurnOutcome
     )
     result: TurnOutcome = await handle.result()
     return result
