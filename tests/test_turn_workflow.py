@@ -7,13 +7,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowExecutionStatus
+from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.memory.errors import DiffAlreadyDecided
 from durable_memory.models.diffs import DiffStatus
-from durable_memory.models.turn import RotationOutcome, TurnOutcome, turn_workflow_id
+from durable_memory.models.turn import (
+    DiffDecision,
+    RotationOutcome,
+    TurnOutcome,
+    turn_workflow_id,
+)
 from durable_memory.workflows.common import PENDING_DIFFS
 from durable_memory.workflows.turn import TurnWorkflow
 from tests.temporal_helpers import rig_settings, running_rig
@@ -253,3 +258,36 @@ async def test_operators_find_turns_awaiting_approval_with_one_query(
         for diff in reply.diffs:
             await rig.client.reject(diff.id, "ms-rivera", "not now")
         await _outcome(rig.client, "dora", "v1")
+
+
+async def test_the_update_validator_refuses_before_history(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    settings = rig_settings(tmp_path / "data")
+    async with running_rig(temporal_env.client, settings, THREE_EDITS) as rig:
+        reply = await rig.client.send_message("erin", "Hi, I'm Erin", turn_id="u1")
+        handle = temporal_env.client.get_workflow_handle(reply.workflow_id)
+        before = len((await handle.fetch_history()).events)
+        real = reply.diffs[0].id
+        attempts = [
+            DiffDecision(diff_id=real, user_id="mallory", decision="approve", approver="m"),
+            DiffDecision(diff_id="0" * 32, user_id="erin", decision="approve", approver="m"),
+        ]
+        for decision in attempts:
+            with pytest.raises(WorkflowUpdateFailedError):
+                await handle.execute_update(TurnWorkflow.decide, decision)
+        await rig.client.reject(real, "ms-rivera", "no")
+        with pytest.raises(WorkflowUpdateFailedError):
+            await handle.execute_update(
+                TurnWorkflow.decide,
+                DiffDecision(diff_id=real, user_id="erin", decision="approve", approver="m"),
+            )
+        events = (await handle.fetch_history()).events
+        accepted = [
+            e for e in events if e.HasField("workflow_execution_update_accepted_event_attributes")
+        ]
+        assert len(accepted) == 1  # only the valid rejection entered history
+        assert len(events) > before
+        for diff in reply.diffs[1:]:
+            await rig.client.reject(diff.id, "ms-rivera", "no")
+        await _outcome(rig.client, "erin", "u1")
