@@ -284,9 +284,11 @@ async def test_the_update_validator_refuses_before_history(
             )
         events = (await handle.fetch_history()).events
         accepted = [
-            e for e in events if e.HasField("workflow_execution_update_accepted_event_attributes")
+            e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
+            for e in events
+            if e.HasField("workflow_execution_update_accepted_event_attributes")
         ]
-        assert len(accepted) == 1  # only the valid rejection entered history
+        assert accepted == ["reply", "decide"]  # of the decisions, only the valid one
         assert len(events) > before
         for diff in reply.diffs[1:]:
             await rig.client.reject(diff.id, "ms-rivera", "no")
