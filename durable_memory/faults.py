@@ -1,6 +1,9 @@
 """Named crash points for the fault tests (failpoints). Inert unless DMEM_CRASH_AT names the
 point: the process then kills itself with SIGKILL the first time it gets there, and a marker
-file (DMEM_CRASH_MARKER) records that it did, so the restarted process runs through."""
+file (DMEM_CRASH_MARKER) records that it did, so the restarted process runs through.
+
+Besides the points below, every activity has `before:<activity type>` and
+`after:<activity type>` (its result computed, not yet reported to Temporal)."""
 
 import os
 import signal

@@ -5,25 +5,14 @@ approval wait still delivers the approval."""
 
 import asyncio
 import concurrent.futures
-import os
 import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.client import MemoryClient
-from durable_memory.config import (
-    ActivitiesSettings,
-    ActivitySettings,
-    DevServerSettings,
-    RetrySettings,
-    Settings,
-)
+from durable_memory.config import DevServerSettings
 from durable_memory.faults import AFTER_MODEL_CALL, MID_COMMIT
 from durable_memory.memory.llm import AnthropicModel
 from durable_memory.models.diffs import DiffStatus
@@ -32,8 +21,9 @@ from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workers.dev_server import start_dev_server
 from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker, stack_from_settings
 from tests.temporal_helpers import rig_settings
+from tests.worker_process import address as _address
+from tests.worker_process import crash_settings, worker_process
 
-FAST = ActivitySettings(start_to_close_s=4, retry=RetrySettings(initial_interval_s=0.2))
 SCRIPT: list[dict[str, Any]] = [
     {
         "content": [
@@ -52,58 +42,6 @@ SCRIPT: list[dict[str, Any]] = [
     },
     {"text": "Welcome, Alice."},
 ]
-
-
-def crash_settings(tmp_path: Path) -> Settings:
-    """Short activity timeouts, so that an activity lost with its worker is retried quickly."""
-    settings = rig_settings(tmp_path / "data")
-    fast = ActivitiesSettings(model_call=FAST, memory=FAST, commit=FAST, archive=FAST)
-    return settings.model_copy(update={"activities": fast})
-
-
-@contextmanager
-def worker_process(
-    settings: Settings,
-    address: str,
-    model_url: str,
-    crash_at: str | None = None,
-    marker: Path | None = None,
-) -> Iterator[subprocess.Popen[str]]:
-    """`dmem worker` in its own process, returned once it polls its task queue."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMEM_", "ANTHROPIC_"))}
-    env.update(
-        {
-            "DMEM_DATA_DIR": str(settings.memory.data_dir),
-            "DMEM_PROFILE": settings.memory.profile,
-            "DMEM_TEMPORAL_ADDRESS": address,
-            "DMEM_TASK_QUEUE": settings.temporal.task_queue,
-            "ANTHROPIC_BASE_URL": model_url,
-        }
-    )
-    if crash_at:
-        env.update({"DMEM_CRASH_AT": crash_at, "DMEM_CRASH_MARKER": str(marker)})
-    process = subprocess.Popen(
-        [sys.executable, "-m", "durable_memory.cli", "worker"],
-        env=env,
-        text=True,
-        stderr=subprocess.PIPE,
-        cwd=settings.memory.data_dir.parent,
-    )
-    assert process.stderr is not None
-    deadline = time.monotonic() + 60
-    for line in process.stderr:
-        if "worker on task queue" in line or time.monotonic() > deadline:
-            break
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.terminate()
-            process.wait(30)
-
-
-def _address(env: WorkflowEnvironment) -> str:
-    return env.client.service_client.config.target_host
 
 
 async def _outcome(client: MemoryClient, user: str, turn: str) -> TurnOutcome:

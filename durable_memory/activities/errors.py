@@ -5,14 +5,20 @@ import contextlib
 from collections.abc import Iterator
 from datetime import timedelta
 
+from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from durable_memory.faults import crash_point
 from durable_memory.memory.errors import DurableMemoryError
 from durable_memory.memory.llm import ModelCallError
 
 
 @contextlib.contextmanager
 def domain_errors() -> Iterator[None]:
+    """Wraps every activity body: maps domain errors, and marks the activity's boundaries as
+    the crash points `before:<activity>` and `after:<activity>` (see faults.py)."""
+    name = activity.info().activity_type
+    crash_point(f"before:{name}")
     try:
         yield
     except ModelCallError as error:
@@ -26,3 +32,4 @@ def domain_errors() -> Iterator[None]:
         ) from None
     except DurableMemoryError as error:
         raise ApplicationError(str(error), type=type(error).__name__, non_retryable=True) from None
+    crash_point(f"after:{name}")

@@ -1,0 +1,86 @@
+"""`dmem worker` as a real separate process, for tests that kill it."""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from temporalio.testing import WorkflowEnvironment
+
+from durable_memory.config import ActivitiesSettings, ActivitySettings, RetrySettings, Settings
+from tests.temporal_helpers import rig_settings
+
+FAST = ActivitySettings(start_to_close_s=4, retry=RetrySettings(initial_interval_s=0.2))
+
+
+def crash_settings(tmp_path: Path) -> Settings:
+    """Short activity timeouts, so that an activity lost with its worker is retried quickly."""
+    settings = rig_settings(tmp_path / "data")
+    fast = ActivitiesSettings(model_call=FAST, memory=FAST, commit=FAST, archive=FAST)
+    return settings.model_copy(update={"activities": fast})
+
+
+def address(env: WorkflowEnvironment) -> str:
+    return env.client.service_client.config.target_host
+
+
+def spawn_worker(
+    settings: Settings,
+    temporal: str,
+    model_url: str,
+    crash_at: str | None = None,
+    marker: Path | None = None,
+) -> subprocess.Popen[str]:
+    """Start `dmem worker` and return once it polls its task queue. Its stderr is drained in
+    a thread, so a chatty worker never blocks on a full pipe."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMEM_", "ANTHROPIC_"))}
+    env.update(
+        {
+            "DMEM_DATA_DIR": str(settings.memory.data_dir),
+            "DMEM_PROFILE": settings.memory.profile,
+            "DMEM_TEMPORAL_ADDRESS": temporal,
+            "DMEM_TASK_QUEUE": settings.temporal.task_queue,
+            "ANTHROPIC_BASE_URL": model_url,
+        }
+    )
+    if crash_at:
+        env.update({"DMEM_CRASH_AT": crash_at, "DMEM_CRASH_MARKER": str(marker)})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "durable_memory.cli", "worker"],
+        env=env,
+        text=True,
+        stderr=subprocess.PIPE,
+        cwd=settings.memory.data_dir.parent,
+    )
+    assert process.stderr is not None
+    deadline = time.monotonic() + 60
+    for line in process.stderr:
+        if "worker on task queue" in line or time.monotonic() > deadline:
+            break
+    threading.Thread(target=process.stderr.read, daemon=True).start()
+    return process
+
+
+def stop_worker(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        process.wait(30)
+
+
+@contextmanager
+def worker_process(
+    settings: Settings,
+    temporal: str,
+    model_url: str,
+    crash_at: str | None = None,
+    marker: Path | None = None,
+) -> Iterator[subprocess.Popen[str]]:
+    process = spawn_worker(settings, temporal, model_url, crash_at, marker)
+    try:
+        yield process
+    finally:
+        stop_worker(process)
