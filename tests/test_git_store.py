@@ -258,3 +258,21 @@ def test_user_repositories_are_separate(svc: MemoryService, data_dir: Path) -> N
     assert svc.read_block("alice", "student").fields["name"] is None
     assert sorted(os.listdir(data_dir / "users")) == ["alice", "bob"]
     assert svc.git.users() == ["alice", "bob"]
+
+
+def test_concurrent_threads_on_different_users_never_collide(svc: MemoryService) -> None:
+    """Regression: GitPython's IndexFile.add chdirs the whole process, so two threads staging
+    in different users' repositories resolved each other's paths. Staging is `git add` now."""
+    users = [f"user{i}" for i in range(8)]
+    for user in users:
+        svc.ensure_user(user)
+
+    def write(user: str) -> None:
+        for n in range(5):
+            svc.add_context(user, f"{user} note {n}", BACKEND)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(write, users))
+    for user in users:
+        assert len(svc.history(user, "human", 50)) == 6
+        assert _git(svc.git.repo_path(user), "status", "--porcelain") == ""

@@ -188,7 +188,9 @@ class RepoTransaction:
             tmp = target.with_suffix(".toml.tmp")
             tmp.write_text(text, encoding="utf-8", newline="")
             os.replace(tmp, target)
-        self.repo.index.add([block_path(label) for label in changed])
+        # `git add` as a subprocess (cwd passed to it): GitPython's IndexFile.add chdirs the
+        # whole process, which races with threads committing to other users' repositories.
+        self.repo.git.add("--", *(block_path(label) for label in changed))
         crash_point(MID_COMMIT)
         actor = _actor(author)
         new = self.repo.index.commit(

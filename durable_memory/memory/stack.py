@@ -67,7 +67,7 @@ def open_stack(
     embedder: Embedder | None = None,
     target_ratio: float = DEFAULT_TARGET_RATIO,
 ) -> MemoryStack:
-    root = Path(data_dir)
+    root = Path(data_dir).resolve()  # no store path may depend on the current directory
     root.mkdir(parents=True, exist_ok=True)
     engine = make_engine(database_url or f"sqlite:///{root.resolve() / 'memory.db'}")
     archive = open_archive(root, archive_backend, embedder or default_embedder())
