@@ -113,13 +113,13 @@ def to_chat_messages(
 
 
 def _metadata(service: MemoryService, user_id: str, archival_count: int, recall_count: int) -> str:
-    last = service.git.history(user_id, None, 1)
+    last = service.git.head_info(user_id)
     own = [
         d
         for d in service.diffs.list(user_id, [DiffStatus.PENDING])
         if d.proposed_by.startswith("turn:")
     ]
-    changed = last[0].timestamp.isoformat() if last else "never"
+    changed = last.timestamp.isoformat() if last else "never"
     lines = [
         "<memory_metadata>",
         f"- Memory blocks were last modified at {changed}",

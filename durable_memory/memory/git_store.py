@@ -272,6 +272,11 @@ class GitBlockStore:
         with self.transaction(user_id) as tx:
             return tx.head
 
+    def head_info(self, user_id: str) -> CommitInfo | None:
+        """The newest commit, read from HEAD (no history walk)."""
+        with self.transaction(user_id) as tx:
+            return _commit_info(tx.repo.head.commit) if tx.head else None
+
     def history(self, user_id: str, label: str | None, limit: int = 20) -> list[CommitInfo]:
         """Newest first: the commits that changed the block (every commit when label is None)."""
         if limit <= 0:

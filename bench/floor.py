@@ -1,0 +1,82 @@
+"""The floors: bare workflows with the same number and kind of activities as ours, doing
+nothing, on the same server, worker settings and data converter."""
+
+import subprocess
+from datetime import timedelta
+from pathlib import Path
+
+from pydantic import BaseModel
+from temporalio import activity, workflow
+
+TIMEOUT = timedelta(seconds=30)
+
+
+class FloorInput(BaseModel):
+    user_id: str
+    message: str
+
+
+@activity.defn(name="floor.noop")
+def noop(step: int) -> int:
+    return step
+
+
+@workflow.defn
+class FloorTurnWorkflow:
+    """prepare, one model call, finish: three activities, then the reply via an Update."""
+
+    def __init__(self) -> None:
+        self._reply: str | None = None
+
+    @workflow.run
+    async def run(self, request: FloorInput) -> str:
+        for step in range(3):
+            await workflow.execute_activity(noop, step, start_to_close_timeout=TIMEOUT)
+        self._reply = request.message
+        return self._reply
+
+    @workflow.update
+    async def reply(self) -> str:
+        await workflow.wait_condition(lambda: self._reply is not None)
+        assert self._reply is not None
+        return self._reply
+
+
+@workflow.defn
+class FloorDecisionWorkflow:
+    """Waits for one decision Update; applies it with one activity doing nothing."""
+
+    def __init__(self) -> None:
+        self._decided = False
+
+    @workflow.run
+    async def run(self) -> None:
+        await workflow.wait_condition(lambda: self._decided)
+
+    @workflow.update
+    async def decide(self, step: int) -> int:
+        result = await workflow.execute_activity(noop, step, start_to_close_timeout=TIMEOUT)
+        self._decided = True
+        return int(result)
+
+
+def plain_git_commit(repo: Path, content: str) -> None:
+    """The floor of a commit: write the same file and `git commit` it, nothing else."""
+    (repo / "blocks" / "student.toml").write_text(content, encoding="utf-8")
+    subprocess.run(["git", "-C", str(repo), "add", "blocks/student.toml"], check=True)
+    subprocess.run(
+        [
+            "git",
+            "-C",
+            str(repo),
+            "-c",
+            "user.name=floor",
+            "-c",
+            "user.email=floor@localhost",
+            "commit",
+            "-q",
+            "-m",
+            "floor",
+        ],
+        check=True,
+    )
