@@ -25,7 +25,7 @@ def _block_spec(source: str, index: int, raw: object) -> BlockSpec:
     if not isinstance(raw, dict):
         raise ProfileError(f"{source}: blocks[{index}] must be a table")
     label = raw.get("label")
-    name = f"block '{label}'" if isinstance(label, str) else f"blocks[{index}]"
+    name = f"block {label!r:.60}" if isinstance(label, str) else f"blocks[{index}]"
     fail = f"{source}: {name}:"
     data: dict[str, Any] = dict(raw)
     kind = data.get("kind", BlockKind.TEXT.value)

@@ -12,6 +12,7 @@ from sqlalchemy import Engine, UniqueConstraint, func, text
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from durable_memory.memory.errors import DurableMemoryError
+from durable_memory.memory.ids import validate_user_id
 from durable_memory.models.recall import MessageRole, NewMessage, RecallMessage, RecallPage
 
 MAX_PAGE = 200
@@ -73,6 +74,7 @@ class RecallStore:
         at: datetime | None = None,
     ) -> list[RecallMessage]:
         """Store messages numbered from `first_seq` in a turn; already stored ones are kept."""
+        validate_user_id(user_id)
         stamp = _utc(at or datetime.now(UTC))
         with Session(self.engine) as session:
             existing = {
@@ -170,6 +172,7 @@ class RecallStore:
     ) -> RecallPage:
         """Messages matching every word of `query` (best first), or all messages newest first
         when the query is empty; filtered by role and by `start <= created_at < end`."""
+        validate_user_id(user_id)
         if not 1 <= limit <= MAX_PAGE:
             raise DurableMemoryError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
         if offset < 0:

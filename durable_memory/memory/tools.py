@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from durable_memory.memory.archive import AGENT_INSERT_TOKEN_LIMIT, ArchiveStore
 from durable_memory.memory.errors import DurableMemoryError, validation_message
+from durable_memory.memory.ids import validate_user_id
 from durable_memory.memory.service import MemoryService
 from durable_memory.models.archive import ArchiveSearch, NewPassage, PassageSource, TagMatch
 from durable_memory.models.operations import (
@@ -267,6 +268,10 @@ class MemoryTools:
     ) -> ToolOutcome:
         """Run one tool call. With the model's `call_id`, an edit's diff id derives from the
         turn and the call, so executing the same call again proposes nothing new."""
+        try:
+            validate_user_id(user_id)
+        except DurableMemoryError as error:
+            return ToolOutcome(f"{name} failed: {error}", is_error=True)
         if name not in TOOL_DOCS:
             return ToolOutcome(
                 f"unknown tool '{name}'; the tools are {', '.join(TOOL_DOCS)}", is_error=True
