@@ -1,5 +1,7 @@
 """Helpers for running turns through the real SDK against the scripted model server."""
 
+import subprocess
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
@@ -113,3 +115,18 @@ def tool_results(request: dict[str, Any]) -> list[dict[str, Any]]:
     last = request["messages"][-1]
     assert last["role"] == "user"
     return [b for b in last["content"] if b["type"] == "tool_result"]
+
+
+def edit_block(label: str, why: str = "r", **fields: Any) -> dict[str, Any]:
+    """An edit_memory_block tool call (`field`, `operation`, `value` as keyword arguments)."""
+    return tool_use("edit_memory_block", label=label, reasoning=why, **fields)
+
+
+def git_status(repo: Path) -> str:
+    """`git status --porcelain` of a user's repository: empty when the working tree is clean."""
+    return subprocess.run(
+        ["git", "-C", str(repo), "status", "--porcelain"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout

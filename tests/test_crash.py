@@ -5,7 +5,6 @@ approval wait still delivers the approval."""
 
 import asyncio
 import concurrent.futures
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from durable_memory.models.turn import TurnOutcome, turn_workflow_id
 from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workers.dev_server import start_dev_server
 from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker, stack_from_settings
+from tests.agent_helpers import edit_block, git_status
 from tests.temporal_helpers import rig_settings
 from tests.worker_process import address as _address
 from tests.worker_process import crash_settings, worker_process
@@ -27,17 +27,7 @@ from tests.worker_process import crash_settings, worker_process
 SCRIPT: list[dict[str, Any]] = [
     {
         "content": [
-            {
-                "type": "tool_use",
-                "name": "edit_memory_block",
-                "input": {
-                    "label": "student",
-                    "field": "name",
-                    "operation": "set",
-                    "value": "Alice",
-                    "reasoning": "she said so",
-                },
-            }
+            edit_block("student", "she said so", field="name", operation="set", value="Alice")
         ]
     },
     {"text": "Welcome, Alice."},
@@ -112,13 +102,7 @@ async def test_worker_killed_in_the_middle_of_a_commit(
     ]
     assert [c.sha for c in commits] == [outcome.commit_sha]  # exactly one commit
     assert stack.service.read_block("alice", "student").fields["name"] == "Alice"
-    status = subprocess.run(
-        ["git", "-C", str(repo), "status", "--porcelain"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert status == ""
+    assert git_status(repo) == ""
     assert [m.role.value for m in stack.service.recall.turn("alice", "k2")] == [
         "user",
         "tool_call",

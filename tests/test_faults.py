@@ -5,7 +5,6 @@ has exactly one archived copy, every message is in recall, and the model was ask
 step."""
 
 import asyncio
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.turn import RotationOutcome, TurnOutcome, turn_workflow_id
 from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workers.worker import stack_from_settings
+from tests.agent_helpers import edit_block, git_status
 from tests.worker_process import address, crash_settings, spawn_worker, stop_worker
 
 TURN = ["prepare_turn", "call_model", "run_tools", "finish_turn", "decide", "needs_rotation"]
@@ -26,20 +26,7 @@ ROTATION = ["plan_rotation", "archive_rotation", "commit_rotation"]
 BOUNDARIES = [f"{when}:dmem.{name}" for name in TURN + ROTATION for when in ("before", "after")]
 NOTE = "Talked about the regional robotics competition and the 2am repair " + "q" * 360
 SCRIPT: list[dict[str, Any]] = [
-    {
-        "content": [
-            {
-                "type": "tool_use",
-                "name": "edit_memory_block",
-                "input": {
-                    "label": "human",
-                    "operation": "add_context",
-                    "value": NOTE,
-                    "reasoning": "r",
-                },
-            }
-        ]
-    },
+    {"content": [edit_block("human", operation="add_context", value=NOTE)]},
     {"text": "Noted."},
 ]
 
@@ -121,11 +108,5 @@ async def test_sigkill_at_every_activity_boundary(
     messages = stack.service.recall.turn(user, "f")
     assert [m.role.value for m in messages] == ["user", "tool_call", "tool_result", "assistant"]
     repo = stack.service.git.repo_path(user)
-    status = subprocess.run(
-        ["git", "-C", str(repo), "status", "--porcelain"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert status == ""
+    assert git_status(repo) == ""
     stack.close()

@@ -21,29 +21,15 @@ from durable_memory.models.turn import (
 )
 from durable_memory.workflows.common import PENDING_DIFFS
 from durable_memory.workflows.turn import TurnWorkflow
+from tests.agent_helpers import edit_block
 from tests.temporal_helpers import rig_settings, running_rig
-
-
-def edit(label: str, field: str, operation: str, value: Any, why: str = "r") -> dict[str, Any]:
-    return {
-        "type": "tool_use",
-        "name": "edit_memory_block",
-        "input": {
-            "label": label,
-            "field": field,
-            "operation": operation,
-            "value": value,
-            "reasoning": why,
-        },
-    }
-
 
 THREE_EDITS: list[dict[str, Any]] = [
     {
         "content": [
             {"type": "text", "text": "Noting."},
-            edit("student", "name", "set", "Alice"),
-            edit("journey", "stage", "set", "drafting"),
+            edit_block("student", field="name", operation="set", value="Alice"),
+            edit_block("journey", field="stage", operation="set", value="drafting"),
             {
                 "type": "tool_use",
                 "name": "edit_memory_block",
@@ -132,9 +118,9 @@ async def test_newer_turn_supersedes_and_ends_the_older_wait(
     temporal_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
     script: list[dict[str, Any]] = [
-        {"content": [edit("student", "name", "set", "Ally")]},
+        {"content": [edit_block("student", field="name", operation="set", value="Ally")]},
         {"text": "ok 1"},
-        {"content": [edit("student", "name", "set", "Alice")]},
+        {"content": [edit_block("student", field="name", operation="set", value="Alice")]},
         {"text": "ok 2"},
     ]
     settings = rig_settings(tmp_path / "data")
