@@ -15,6 +15,7 @@ from durable_memory.client import MemoryClient
 from durable_memory.config import MemorySettings, Settings, TemporalSettings, TurnSettings
 from durable_memory.memory.llm import AnthropicModel
 from durable_memory.memory.stack import MemoryStack
+from durable_memory.models.turn import TurnOutcome, turn_workflow_id
 from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker, stack_from_settings
 
@@ -50,3 +51,12 @@ async def running_rig(
             yield Rig(MemoryClient(client, settings, stack), stack, server, settings)
         model.close()
     stack.close()
+
+
+async def turn_outcome(client: MemoryClient, user_id: str, turn_id: str) -> TurnOutcome:
+    """Wait for a turn workflow to end and return its outcome."""
+    handle = client.client.get_workflow_handle(
+        turn_workflow_id(user_id, turn_id), result_type=TurnOutcome
+    )
+    result: TurnOutcome = await handle.result()
+    return result

@@ -38,9 +38,7 @@ def archive(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ArchiveS
         store.close()
         return
     if not os.environ.get("WEAVIATE_URL"):
-        pytest.skip(
-            "WEAVIATE_URL is not set: the Weaviate leg of the archive contract needs a live server"
-        )
+        pytest.skip("WEAVIATE_URL is not set: the Weaviate contract leg needs a live server")
     from durable_memory.memory.archive_weaviate import WeaviateArchive, connect
 
     client = connect()

@@ -15,12 +15,11 @@ from durable_memory.config import DevServerSettings
 from durable_memory.faults import AFTER_MODEL_CALL, MID_COMMIT
 from durable_memory.memory.llm import AnthropicModel
 from durable_memory.models.diffs import DiffStatus
-from durable_memory.models.turn import TurnOutcome, turn_workflow_id
 from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workers.dev_server import start_dev_server
 from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker, stack_from_settings
 from tests.agent_helpers import edit_block, git_status
-from tests.temporal_helpers import rig_settings
+from tests.temporal_helpers import rig_settings, turn_outcome
 from tests.worker_process import address as _address
 from tests.worker_process import crash_settings, worker_process
 
@@ -32,14 +31,6 @@ SCRIPT: list[dict[str, Any]] = [
     },
     {"text": "Welcome, Alice."},
 ]
-
-
-async def _outcome(client: MemoryClient, user: str, turn: str) -> TurnOutcome:
-    handle = client.client.get_workflow_handle(
-        turn_workflow_id(user, turn), result_type=TurnOutcome
-    )
-    result: TurnOutcome = await handle.result()
-    return result
 
 
 async def test_worker_killed_right_after_the_model_call(
@@ -64,7 +55,7 @@ async def test_worker_killed_right_after_the_model_call(
             # The reply stored before the crash was reused: one model request per step.
             assert len(model.requests) == 2
             await client.approve(reply.diffs[0].id, "ms-rivera")
-            outcome = await _outcome(client, "alice", "k1")
+            outcome = await turn_outcome(client, "alice", "k1")
     assert [d.status for d in outcome.decisions] == [DiffStatus.APPROVED]
     messages = stack.service.recall.turn("alice", "k1")
     assert [m.role.value for m in messages] == ["user", "tool_call", "tool_result", "assistant"]
@@ -94,7 +85,7 @@ async def test_worker_killed_in_the_middle_of_a_commit(
             outcome = await asyncio.wait_for(approving, 90)
             assert outcome is not None
             assert outcome.status is DiffStatus.APPROVED
-            await _outcome(client, "alice", "k2")
+            await turn_outcome(client, "alice", "k2")
     commits = [
         c
         for c in stack.service.history("alice", "student", 10)
@@ -139,7 +130,7 @@ async def test_dev_server_restart_during_the_approval_wait(tmp_path: Path) -> No
         # A signal is accepted while no worker runs; the turn applies it when one starts.
         assert await client.approve(reply.diffs[0].id, "ms-rivera", wait=False) is None
         async with build_worker(env.client, settings.temporal.task_queue, stack, model, pool):
-            outcome = await _outcome(client, "alice", "r1")
+            outcome = await turn_outcome(client, "alice", "r1")
         await env.shutdown()
     assert [d.status for d in outcome.decisions] == [DiffStatus.APPROVED]
     assert stack.service.read_block("alice", "student").fields["name"] == "Alice"

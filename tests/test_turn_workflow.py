@@ -16,13 +16,11 @@ from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.turn import (
     DiffDecision,
     RotationOutcome,
-    TurnOutcome,
-    turn_workflow_id,
 )
 from durable_memory.workflows.common import PENDING_DIFFS
 from durable_memory.workflows.turn import TurnWorkflow
 from tests.agent_helpers import edit_block
-from tests.temporal_helpers import rig_settings, running_rig
+from tests.temporal_helpers import rig_settings, running_rig, turn_outcome
 
 THREE_EDITS: list[dict[str, Any]] = [
     {
@@ -44,14 +42,6 @@ THREE_EDITS: list[dict[str, Any]] = [
     },
     {"text": "Welcome, Alice."},
 ]
-
-
-async def _outcome(rig_client: Any, user: str, turn_id: str) -> TurnOutcome:
-    handle = rig_client.client.get_workflow_handle(
-        turn_workflow_id(user, turn_id), result_type=TurnOutcome
-    )
-    result: TurnOutcome = await handle.result()
-    return result
 
 
 async def test_reply_then_approve_reject_and_edited_approval(
@@ -86,7 +76,7 @@ async def test_reply_then_approve_reject_and_edited_approval(
         assert rig.stack.service.read_block("alice", "human").fields["current_task"] == (
             "Outline the robot essay"
         )
-        outcome = await _outcome(rig.client, "alice", "t1")
+        outcome = await turn_outcome(rig.client, "alice", "t1")
         assert outcome.status == "done"
         assert {d.diff_id: d.status for d in outcome.decisions} == {
             name.id: DiffStatus.APPROVED,
@@ -106,7 +96,7 @@ async def test_signals_and_expiry(temporal_env: WorkflowEnvironment, tmp_path: P
         reply = await rig.client.send_message("alice", "Hi", turn_id="t2")
         first = reply.diffs[0]
         assert await rig.client.approve(first.id, "ms-rivera", wait=False) is None  # a signal
-        outcome = await _outcome(rig.client, "alice", "t2")
+        outcome = await turn_outcome(rig.client, "alice", "t2")
         statuses = {d.diff_id: d.status for d in outcome.decisions}
         assert statuses[first.id] is DiffStatus.APPROVED
         assert [statuses[d.id] for d in reply.diffs[1:]] == [DiffStatus.EXPIRED] * 2
@@ -127,11 +117,11 @@ async def test_newer_turn_supersedes_and_ends_the_older_wait(
     async with running_rig(temporal_env.client, settings, script) as rig:
         first = await rig.client.send_message("alice", "call me Ally", turn_id="older")
         second = await rig.client.send_message("alice", "actually Alice", turn_id="newer")
-        older = await _outcome(rig.client, "alice", "older")
+        older = await turn_outcome(rig.client, "alice", "older")
         assert [d.status for d in older.decisions] == [DiffStatus.SUPERSEDED]
         assert rig.stack.service.diffs.get(first.diffs[0].id).superseded_by == second.diffs[0].id
         await rig.client.approve(second.diffs[0].id, "ms-rivera")
-        assert (await _outcome(rig.client, "alice", "newer")).status == "done"
+        assert (await turn_outcome(rig.client, "alice", "newer")).status == "done"
 
 
 async def test_approval_that_crosses_the_threshold_starts_a_rotation(
@@ -243,7 +233,7 @@ async def test_operators_find_turns_awaiting_approval_with_one_query(
         assert "+Alice" in details.current_details
         for diff in reply.diffs:
             await rig.client.reject(diff.id, "ms-rivera", "not now")
-        await _outcome(rig.client, "dora", "v1")
+        await turn_outcome(rig.client, "dora", "v1")
 
 
 async def test_the_update_validator_refuses_before_history(
@@ -278,4 +268,4 @@ async def test_the_update_validator_refuses_before_history(
         assert len(events) > before
         for diff in reply.diffs[1:]:
             await rig.client.reject(diff.id, "ms-rivera", "no")
-        await _outcome(rig.client, "erin", "u1")
+        await turn_outcome(rig.client, "erin", "u1")
