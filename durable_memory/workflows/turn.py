@@ -8,6 +8,7 @@ anything enters history. The reply is returned through the `reply` Update, so a 
 starts the turn with update-with-start gets it in the same call.
 """
 
+import contextlib
 from datetime import timedelta
 
 from temporalio import workflow
@@ -150,20 +151,21 @@ class TurnWorkflow:
         self._set_status(TurnStatus.AWAITING_APPROVAL)
         while self._open:
             remaining = (deadline - workflow.now()).total_seconds()
-            if remaining <= 0:
-                break
-            try:
-                await workflow.wait_condition(
-                    lambda: bool(self._queue) or not self._open,
-                    timeout=timedelta(seconds=remaining),
-                )
-            except TimeoutError:
-                break
+            if remaining > 0:
+                with contextlib.suppress(TimeoutError):
+                    await workflow.wait_condition(
+                        lambda: bool(self._queue) or not self._open,
+                        timeout=timedelta(seconds=remaining),
+                    )
+            # Decisions that arrived in time are applied even if applying them runs past the
+            # deadline; leaving one queued would keep its Update (and this workflow) waiting.
             while self._queue:
                 ticket, decision = self._queue.pop(0)
                 answer = await self._apply(turn, decision)
                 if ticket > 0:  # an Update waits for it; a signal does not
                     self._answers[ticket] = answer
+            if workflow.now() >= deadline:
+                break
         if self._open:
             outcomes = await workflow.execute_activity_method(
                 TurnActivities.expire_diffs,
