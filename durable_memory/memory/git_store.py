@@ -288,10 +288,6 @@ class GitBlockStore:
             commits = tx.repo.iter_commits("HEAD", paths=paths, max_count=limit)
             return [_commit_info(c) for c in commits]
 
-    def commit_info(self, user_id: str, sha: str) -> CommitInfo:
-        with self.transaction(user_id) as tx:
-            return _commit_info(self._resolve(tx, sha))
-
     def _resolve(self, tx: RepoTransaction, sha: str) -> git.Commit:
         validate_sha(sha)
         try:
