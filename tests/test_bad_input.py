@@ -21,6 +21,7 @@ from durable_memory.memory.formats import from_markdown
 from durable_memory.memory.ids import validate_user_id
 from durable_memory.memory.profiles import parse_profile
 from durable_memory.memory.stack import MemoryStack, open_stack
+from durable_memory.memory.tools import TOOL_DOCS
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.operations import AddItem
 
@@ -111,17 +112,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> MemoryStack:
 
 # -- tool calls from the model -------------------------------------------------------------
 
-TOOLS = [
-    "core_memory_append",
-    "core_memory_replace",
-    "memory_insert",
-    "memory_rethink",
-    "edit_memory_block",
-    "archival_memory_insert",
-    "archival_memory_search",
-    "conversation_search",
-    "no_such_tool",
-]
+TOOLS = [*TOOL_DOCS, "no_such_tool"]
 
 
 @CASES
