@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 
 import pytest
@@ -276,3 +277,51 @@ def test_concurrent_threads_on_different_users_never_collide(svc: MemoryService)
     for user in users:
         assert len(svc.history(user, "human", 50)) == 6
         assert _git(svc.git.repo_path(user), "status", "--porcelain") == ""
+
+
+def _process_creator(data_dir: str, db_url: str, start: EventType) -> None:
+    service = open_stack(data_dir, db_url, "essay_coach").service
+    start.wait()
+    for n in range(3):
+        service.ensure_user("newcomer")
+        service.apply_direct("newcomer", "human", AddContext(note=f"{os.getpid()}-{n}"), BACKEND)
+
+
+def test_a_new_users_first_turns_racing_create_one_repository(
+    svc: MemoryService, data_dir: Path
+) -> None:
+    """Regression: concurrent `git init` of one new user failed ('could not lock config file')
+    or opened a half-initialised repository. Creation is now an atomic rename."""
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Event()
+    url = str(svc.diffs.engine.url)
+    procs = [
+        ctx.Process(target=_process_creator, args=(str(data_dir), url, start)) for _ in range(4)
+    ]
+    for p in procs:
+        p.start()
+    start.set()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        heads = list(pool.map(lambda _: svc.ensure_user("newcomer"), range(4)))
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    assert all(heads)
+    repo = svc.git.repo_path("newcomer")
+    log = _git(repo, "log", "--format=%s").splitlines()
+    assert len(log) == 1 + 4 * 3
+    assert log[-1].startswith("Create memory")
+    assert sum(s.startswith("Create memory") for s in log) == 1
+    assert sorted(p.name for p in (data_dir / "users").iterdir()) == ["alice", "newcomer"]
+    assert svc.git.users() == ["alice", "newcomer"]
+
+
+def test_a_user_directory_that_is_not_a_repository_is_a_clear_error(
+    svc: MemoryService, data_dir: Path
+) -> None:
+    (data_dir / "users" / "squatter").mkdir()
+    (data_dir / "users" / "squatter" / "notes.txt").write_text("mine", encoding="utf-8")
+    before = _tree(data_dir)
+    with pytest.raises(DurableMemoryError, match="exists and is not a git repository"):
+        svc.ensure_user("squatter")
+    assert _tree(data_dir) == before

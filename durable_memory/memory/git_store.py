@@ -11,6 +11,8 @@ import contextlib
 import fcntl
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC
@@ -223,7 +225,30 @@ class GitBlockStore:
     def users(self) -> list[str]:
         if not self.users_dir.is_dir():
             return []
-        return sorted(p.name for p in self.users_dir.iterdir() if (p / ".git").is_dir())
+        return sorted(
+            p.name
+            for p in self.users_dir.iterdir()
+            if (p / ".git").is_dir() and not p.name.startswith(".")  # not a repo being created
+        )
+
+    def _create(self, path: Path) -> None:
+        """`git init` in a directory beside the user's, then rename it into place: no process
+        ever opens a half-initialised repository. Of two creators racing, the second's rename
+        fails (the directory is no longer empty) and it discards its copy."""
+        self.users_dir.mkdir(parents=True, exist_ok=True)
+        fresh = Path(tempfile.mkdtemp(prefix=f".init-{path.name}-", dir=self.users_dir))
+        try:
+            git.Repo.init(fresh, initial_branch="main").close()
+            try:
+                os.rename(fresh, path)
+            except OSError:
+                if not (path / ".git").is_dir():
+                    raise DurableMemoryError(
+                        f"cannot create the memory of user '{path.name}': {path} exists and is "
+                        "not a git repository"
+                    ) from None
+        finally:
+            shutil.rmtree(fresh, ignore_errors=True)
 
     @contextlib.contextmanager
     def transaction(self, user_id: str, *, create: bool = False) -> Iterator[RepoTransaction]:
@@ -232,10 +257,7 @@ class GitBlockStore:
         if not (path / ".git").is_dir():
             if not create:
                 raise UnknownUser(f"user '{user_id}' has no memory yet")
-            path.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileExistsError):
-                # Two processes may race to create the repository; git init is idempotent.
-                git.Repo.init(path, initial_branch="main").close()
+            self._create(path)
         with open(path / ".git" / _LOCK_FILE, "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
