@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 
@@ -17,6 +18,12 @@ from durable_memory.memory.errors import (
     InvalidIdentifier,
     UnknownCommit,
     UnknownUser,
+)
+from durable_memory.memory.git_store import (
+    CLOCK_SKEW,
+    GitBlockStore,
+    Snapshot,
+    format_message,
 )
 from durable_memory.memory.service import MemoryService
 from durable_memory.memory.stack import open_stack
@@ -277,6 +284,84 @@ def test_concurrent_threads_on_different_users_never_collide(svc: MemoryService)
     for user in users:
         assert len(svc.history(user, "human", 50)) == 6
         assert _git(svc.git.repo_path(user), "status", "--porcelain") == ""
+
+
+def test_changes_staged_by_hand_are_never_committed_with_ours(svc: MemoryService) -> None:
+    """A hand edit staged with `git add` would ride along in the index with our next commit of
+    any block: the write is refused, and nothing changes, until it is imported or unstaged."""
+    repo = svc.git.repo_path("alice")
+    (repo / "blocks" / "journey.toml").write_text('stage = "sleeping"\n', encoding="utf-8")
+    _git(repo, "add", "blocks/journey.toml")
+    head, status = svc.git.head("alice"), _git(repo, "status", "--porcelain")
+    with pytest.raises(
+        HandEditPending,
+        match=re.escape("blocks/journey.toml of user 'alice' has changes staged by hand"),
+    ):
+        svc.edit_block("alice", "student", {"name": "Bob"}, ALICE)
+    assert svc.git.head("alice") == head
+    assert _git(repo, "status", "--porcelain") == status
+    _git(repo, "reset", "-q", "blocks/journey.toml")
+    _git(repo, "checkout", "--", "blocks/journey.toml")
+    svc.edit_block("alice", "student", {"name": "Bob"}, ALICE)
+    assert _git(repo, "show", "--stat", "--format=", "HEAD").split()[0] == "blocks/student.toml"
+
+
+def test_cached_reads_match_git_after_every_kind_of_write(
+    svc: MemoryService, data_dir: Path
+) -> None:
+    """Blocks are cached per commit: what the cache holds after our own commits, a restore and
+    a commit made with plain git must equal what a cold store reads from the repository."""
+    first = svc.edit_block("alice", "student", {"name": "Alice"}, ALICE)
+    svc.set_task("alice", "Outline", BACKEND)
+    svc.restore("alice", "student", first, ALICE)
+    repo = svc.git.repo_path("alice")
+    (repo / "blocks" / "persona.toml").write_text(
+        (repo / "blocks" / "persona.toml").read_text(encoding="utf-8"), encoding="utf-8"
+    )
+    _git(
+        repo,
+        "-c",
+        "user.name=x",
+        "-c",
+        "user.email=x@y",
+        "commit",
+        "-q",
+        "--allow-empty",
+        "-m",
+        "by hand",
+    )
+    cold = GitBlockStore(data_dir)  # a new process would start with an empty cache
+    shas = _git(repo, "rev-list", "HEAD").split()
+
+    def snapshots(store: GitBlockStore) -> tuple[str | None, list[Snapshot]]:
+        with store.transaction("alice") as tx:  # one at a time: each holds the user's lock
+            return tx.head, [tx.snapshot(sha) for sha in shas]
+
+    assert snapshots(svc.git) == snapshots(cold) == (shas[0], snapshots(cold)[1])
+    assert svc.git.head_info("alice") == cold.head_info("alice")
+
+
+def test_another_writer_is_seen_at_once(svc: MemoryService, data_dir: Path) -> None:
+    """Two stores on one data dir (two worker processes): each reads the other's commits."""
+    other = MemoryService(svc.profile, GitBlockStore(data_dir), svc.diffs, svc.recall)
+    for n in range(3):
+        svc.edit_block("alice", "student", {"name": f"A{n}"}, ALICE)
+        assert other.read_block("alice", "student").fields["name"] == f"A{n}"
+        other.edit_block("alice", "student", {"name": f"B{n}"}, ALICE)
+        assert svc.read_block("alice", "student").fields["name"] == f"B{n}"
+
+
+def test_trailer_walk_is_bounded_by_the_time_given(svc: MemoryService) -> None:
+    svc.add_context("alice", "a note", BACKEND)
+    with svc.git.transaction("alice") as tx:
+        tx.commit({}, format_message("Mark", "", {"Diff-Id": "d1"}), BACKEND, allow_empty=True)
+    now = datetime.now(UTC)
+    with svc.git.transaction("alice") as tx:
+        assert tx.find_trailer("Diff-Id", "d1") == tx.head
+        assert tx.find_trailer("Diff-Id", "d1", since=now - timedelta(minutes=5)) == tx.head
+        # Decided after the commit by more than any clock skew: that commit cannot be its own.
+        assert tx.find_trailer("Diff-Id", "d1", since=now + 2 * CLOCK_SKEW) is None
+        assert tx.find_trailer("Diff-Id", "d2", since=now - timedelta(minutes=5)) is None
 
 
 def _process_creator(data_dir: str, db_url: str, start: EventType) -> None:

@@ -5,17 +5,25 @@ user's `.git` directory, so there is no global lock and git's own `index.lock` i
 contended. Reads come from the HEAD commit, never from the working tree, so a half-written
 or hand-edited file cannot leak into memory: hand edits are committed only through
 `commit_hand_edits`, which validates them first.
+
+A commit never changes, so the block files of a commit are cached in memory by (user, sha):
+a turn resolves HEAD from the ref files (no git process) and finds its blocks in the cache.
+Only a commit this process has not seen (made by another worker or by hand) costs a read
+of git objects.
 """
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import re
 import shutil
 import tempfile
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from datetime import UTC
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import git
@@ -36,6 +44,12 @@ _JOURNAL_FILE = "dmem-journal"
 _AUTHOR_NAME = re.compile(r"[^\x00-\x1f\x7f<>]{1,100}")
 _TRAILER_KEY = re.compile(r"[A-Z][A-Za-z-]{0,39}")
 _COMMITTER = git.Actor("durable-memory", "durable-memory@localhost")
+_FULL_SHA = re.compile(r"[0-9a-f]{40}")
+CACHED_COMMITS = 1024
+"""Commits whose block files the cache keeps: a few KB each, so a few MB in all."""
+CLOCK_SKEW = timedelta(hours=1)
+"""How far apart two machines' clocks may be when one bounds a history walk by the other's
+timestamp (see `find_trailer`)."""
 
 
 def validate_author_name(name: object) -> str:
@@ -106,37 +120,100 @@ def _commit_info(commit: git.Commit) -> CommitInfo:
     )
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """What one commit holds: its block files (label -> TOML text) and who made it."""
+
+    blocks: Mapping[str, str]
+    info: CommitInfo
+
+
+class SnapshotCache:
+    """Snapshots by (user, commit sha), least recently used out first; thread-safe."""
+
+    def __init__(self, size: int = CACHED_COMMITS) -> None:
+        self.size = size
+        self._entries: OrderedDict[tuple[str, str], Snapshot] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, user_id: str, sha: str) -> Snapshot | None:
+        with self._lock:
+            found = self._entries.get((user_id, sha))
+            if found is not None:
+                self._entries.move_to_end((user_id, sha))
+            return found
+
+    def put(self, user_id: str, sha: str, snapshot: Snapshot) -> None:
+        with self._lock:
+            self._entries[(user_id, sha)] = snapshot
+            self._entries.move_to_end((user_id, sha))
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+
+
+def _blob_sha(text: str) -> bytes:
+    """The id git gives a file with this content (what the index stores for it)."""
+    data = text.encode("utf-8")
+    return hashlib.sha1(b"blob %d\x00" % len(data) + data, usedforsecurity=False).digest()
+
+
+def _head_sha(repo: git.Repo) -> str | None:
+    """HEAD's commit, from the ref files alone (GitPython's repo.head asks a git process)."""
+    try:
+        return git.SymbolicReference.dereference_recursive(repo, "HEAD")
+    except ValueError:  # an unborn branch: a repository without commits
+        return None
+
+
 @dataclass
 class RepoTransaction:
     """Read-modify-write access to one user's repository while holding its lock."""
 
     repo: git.Repo
     user_id: str
+    cache: SnapshotCache = field(default_factory=SnapshotCache)
+
+    def __post_init__(self) -> None:
+        # Nothing else writes while we hold the lock, so HEAD is read once per transaction.
+        self._head = _head_sha(self.repo)
 
     @property
     def head(self) -> str | None:
-        return self.repo.head.commit.hexsha if self.repo.head.is_valid() else None
+        return self._head
+
+    def snapshot(self, sha: str) -> Snapshot:
+        """The commit's block files and author (cached); `sha` must be a full commit id."""
+        found = self.cache.get(self.user_id, sha)
+        if found is None:
+            commit = self.repo.commit(sha)
+            try:
+                blobs = (commit.tree / BLOCKS_DIR).blobs
+            except KeyError:
+                blobs = []
+            blocks = {
+                b.name.removesuffix(".toml"): b.data_stream.read().decode("utf-8")
+                for b in blobs
+                if b.name.endswith(".toml")
+            }
+            found = Snapshot(blocks=blocks, info=_commit_info(commit))
+            self.cache.put(self.user_id, sha, found)
+        return found
 
     def read(self, label: str, sha: str | None = None) -> str | None:
         """The block file at `sha` (default HEAD), or None if it does not exist there."""
+        validate_label(label)
         rev = sha or self.head
         if rev is None:
             return None
-        try:
-            blob = self.repo.commit(rev).tree / block_path(label)
-        except KeyError:
-            return None
-        data: bytes = blob.data_stream.read()
-        return data.decode("utf-8")
+        if not _FULL_SHA.fullmatch(rev):
+            rev = self.repo.commit(rev).hexsha
+        return self.snapshot(rev).blocks.get(label)
 
     def labels(self) -> list[str]:
-        if self.head is None:
-            return []
-        try:
-            tree = self.repo.head.commit.tree / BLOCKS_DIR
-        except KeyError:
-            return []
-        return sorted(b.name.removesuffix(".toml") for b in tree.blobs if b.name.endswith(".toml"))
+        return sorted(self.snapshot(self.head).blocks) if self.head else []
+
+    def head_info(self) -> CommitInfo | None:
+        return self.snapshot(self.head).info if self.head else None
 
     def working_copy(self, label: str) -> str | None:
         path = Path(self.repo.working_tree_dir or "") / block_path(label)
@@ -145,16 +222,40 @@ class RepoTransaction:
         except FileNotFoundError:
             return None
 
-    def find_trailer(self, key: str, value: str) -> str | None:
-        """The newest commit whose message has the trailer `key: value` (e.g. a Diff-Id)."""
+    def find_trailer(self, key: str, value: str, since: datetime | None = None) -> str | None:
+        """The newest commit whose message has the trailer `key: value` (e.g. a Diff-Id).
+
+        With `since` (a time before the commit can have been made, e.g. the decision it
+        records), the walk stops at older commits, so its cost does not grow with history.
+        """
         if self.head is None:
             return None
         line = f"{key}: {value}"
-        out: str = self.repo.git.log("HEAD", "--fixed-strings", f"--grep={line}", "--format=%H")
+        bound = []
+        if since is not None:
+            start = (since.astimezone(UTC) - CLOCK_SKEW).strftime("%Y-%m-%d %H:%M:%S +0000")
+            bound = [f"--since={start}"]
+        out: str = self.repo.git.log(
+            "HEAD", *bound, "--fixed-strings", f"--grep={line}", "--format=%H"
+        )
         for sha in out.split():
             if _parse_trailers(_message_str(self.repo.commit(sha))).get(key) == value:
                 return sha
         return None
+
+    def _staged_by_hand(self) -> list[str]:
+        """Block files whose staged content is not HEAD's: someone ran `git add` by hand.
+        Committing now would carry that unvalidated content into memory with our commit."""
+        head = self.snapshot(self.head).blocks if self.head else {}
+        expected = {f"{BLOCKS_DIR}/{label}.toml": _blob_sha(text) for label, text in head.items()}
+        staged = {
+            str(path): entry.binsha
+            for (path, _stage), entry in self.repo.index.entries.items()
+            if str(path).startswith(f"{BLOCKS_DIR}/") and str(path).endswith(".toml")
+        }
+        return sorted(
+            p for p in expected.keys() | staged.keys() if expected.get(p) != staged.get(p)
+        )
 
     def commit(
         self,
@@ -180,6 +281,14 @@ class RepoTransaction:
                     "are not committed; commit them with `dmem import` (validated) or discard "
                     "them with `git checkout`, then try again"
                 )
+        staged = self._staged_by_hand()
+        if staged:
+            raise HandEditPending(
+                f"{', '.join(staged)} of user '{self.user_id}' has changes staged by hand "
+                "(git add) that are not committed; commit them with `dmem import` (validated) "
+                "or unstage them with `git reset`, then try again"
+            )
+        before = self.snapshot(self.head).blocks if self.head else {}
         git_dir = Path(self.repo.git_dir)
         journal = git_dir / _JOURNAL_FILE
         journal.write_text("\n".join(changed), encoding="utf-8")
@@ -203,15 +312,23 @@ class RepoTransaction:
             skip_hooks=True,
         )
         journal.unlink()
-        return str(new.hexsha)
+        # The index held HEAD plus our files (checked above), so this is the new commit.
+        self._head = new.hexsha
+        self.cache.put(
+            self.user_id,
+            new.hexsha,
+            Snapshot(blocks={**before, **changed}, info=_commit_info(new)),
+        )
+        return self._head
 
 
 class GitBlockStore:
     """The users' repositories under `<data_dir>/users/`."""
 
-    def __init__(self, data_dir: str | Path) -> None:
+    def __init__(self, data_dir: str | Path, cache: SnapshotCache | None = None) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.users_dir = self.data_dir / "users"
+        self.cache = cache or SnapshotCache()
 
     def repo_path(self, user_id: str) -> Path:
         path = (self.users_dir / validate_user_id(user_id)).resolve()
@@ -263,7 +380,7 @@ class GitBlockStore:
             try:
                 with git.Repo(path) as repo:
                     self._recover(repo)
-                    yield RepoTransaction(repo=repo, user_id=user_id)
+                    yield RepoTransaction(repo=repo, user_id=user_id, cache=self.cache)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -297,7 +414,7 @@ class GitBlockStore:
     def head_info(self, user_id: str) -> CommitInfo | None:
         """The newest commit, read from HEAD (no history walk)."""
         with self.transaction(user_id) as tx:
-            return _commit_info(tx.repo.head.commit) if tx.head else None
+            return tx.head_info()
 
     def history(self, user_id: str, label: str | None, limit: int = 20) -> list[CommitInfo]:
         """Newest first: the commits that changed the block (every commit when label is None)."""

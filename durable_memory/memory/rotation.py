@@ -380,7 +380,7 @@ class Rotator:
         spec = self.service.spec(plan.label)
         marker = f"{plan.label}@{plan.base_sha}"
         with self.service.git.transaction(plan.user_id) as tx:
-            done = tx.find_trailer("Rotation-Of", marker)
+            done = tx.find_trailer("Rotation-Of", marker, since=plan.planned_at)
             if done is not None:
                 return done
             if tx.read(plan.label) != tx.read(plan.label, plan.base_sha):

@@ -398,7 +398,7 @@ class MemoryService:
         if isinstance(op, ClearTask) and op.archive:
             self._archive_task(diff.user_id, spec)
         with self.git.transaction(diff.user_id) as tx:
-            existing = tx.find_trailer("Diff-Id", diff.id)
+            existing = tx.find_trailer("Diff-Id", diff.id, since=diff.decided_at)
             if existing is not None:
                 return self.diffs.set_commit(diff.id, existing)
             head = self._parse(tx, spec)
