@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from durable_memory.memory.formats import render_memory
 from durable_memory.memory.service import MemoryService
 from durable_memory.memory.summaries import SummaryStore
-from durable_memory.memory.tokens import count_tokens
+from durable_memory.memory.tokens import count_tokens, count_tokens_cached
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.llm import (
     ChatMessage,
@@ -203,12 +203,12 @@ def _compile(
     recent = service.recall.after(user_id, after)
     messages = to_chat_messages(recent)
     tokens = {
-        "system": count_tokens(instructions),
+        "system": count_tokens_cached(instructions),
         "core": count_tokens(core),
         "metadata": count_tokens(metadata),
         "summary": count_tokens(summary_text),
         "messages": sum(message_tokens(m) for m in recent),
-        "tools": count_tokens(json.dumps(tools, sort_keys=True)),
+        "tools": count_tokens_cached(json.dumps(tools, sort_keys=True)),
     }
     total = sum(tokens.values())
     window = profile.model.context_window

@@ -18,6 +18,12 @@ def _encoding() -> tiktoken.Encoding:
     return tiktoken.get_encoding(OFFLINE_ENCODING)
 
 
+@lru_cache(maxsize=64)
+def count_tokens_cached(text: str) -> int:
+    """count_tokens for the few texts every turn repeats (instructions, tool definitions)."""
+    return count_tokens(text)
+
+
 def count_tokens(text: str) -> int:
     """Tokens in `text`; special-token strings in user text are counted as plain text."""
     return len(_encoding().encode(text, disallowed_special=()))

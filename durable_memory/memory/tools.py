@@ -5,6 +5,7 @@ awaits human approval. Every error the model can cause comes back as an `is_erro
 a message it can act on; a tool call never fails the turn.
 """
 
+import functools
 import json
 import uuid
 from dataclasses import dataclass
@@ -200,9 +201,17 @@ TOOL_DOCS: dict[str, tuple[type[_Args], str]] = {
 }
 
 
+@functools.cache
+def _tool_definitions_json() -> str:
+    # Building the JSON schemas costs milliseconds, and every turn needs them: once a process.
+    defs = [{"name": name, **_schema(args, doc)} for name, (args, doc) in TOOL_DOCS.items()]
+    return json.dumps(defs)
+
+
 def tool_definitions() -> list[dict[str, Any]]:
-    """The `tools` parameter of a Messages API call, in a stable order."""
-    return [{"name": name, **_schema(args, doc)} for name, (args, doc) in TOOL_DOCS.items()]
+    """The `tools` parameter of a Messages API call, in a stable order (a fresh copy)."""
+    defs: list[dict[str, Any]] = json.loads(_tool_definitions_json())
+    return defs
 
 
 def _edit_operation(call: _Args) -> tuple[str, EditOperation, str]:
