@@ -26,6 +26,7 @@ from durable_memory.memory.profiles import parse_profile
 from durable_memory.memory.stack import MemoryStack, open_stack
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.recall import MessageRole, NewMessage
+from durable_memory.workers.worker import freeze_startup_objects
 
 BLOCK_COUNTS = (1, 2, 5, 10, 20, 50)
 MESSAGE_COUNTS = (10, 100, 500, 1000, 2000, 5000)
@@ -74,7 +75,7 @@ def _sentence(rng: random.Random, words: int) -> str:
 
 
 def _stack(tmp: Path, blocks: int, messages: int, rng: random.Random) -> MemoryStack:
-    root = tmp / f"b{blocks}-m{messages}"
+    root = tmp / f"b{blocks}-m{messages}-{rng.random()}"
     stack = open_stack(root, profile=parse_profile(_profile(blocks), "bench"))
     service = stack.service
     service.ensure_user("u")
@@ -124,18 +125,16 @@ def _exponent(points: list[tuple[float, float]]) -> float:
     )
 
 
-def _series(
-    tmp: Path,
-    name: str,
-    counts: tuple[int, ...],
-    runs: int,
-    shape: Callable[[int], tuple[int, int]],
-) -> dict[str, Any]:
-    rows = []
+def _stacks(
+    tmp: Path, counts: tuple[int, ...], shape: Callable[[int], tuple[int, int]]
+) -> dict[int, MemoryStack]:
     rng = random.Random(11)
-    for n in counts:
-        blocks, messages = shape(n)
-        stack = _stack(tmp, blocks, messages, rng)
+    return {n: _stack(tmp, *shape(n), rng) for n in counts}
+
+
+def _series(name: str, stacks: dict[int, MemoryStack], runs: int) -> dict[str, Any]:
+    rows = []
+    for n, stack in stacks.items():
         ours = _median_ms(functools.partial(stack.compile, "u"), runs)
         floor = _median_ms(functools.partial(_floor, stack), runs)
         overview = stack.compile("u").overview
@@ -171,14 +170,13 @@ def main() -> None:
     info = machine()
     print(f"machine: {describe(info)}")
     with tempfile.TemporaryDirectory() as tmp:
+        by_blocks = _stacks(Path(tmp), BLOCK_COUNTS, lambda n: (n, FIXED_MESSAGES))
+        by_messages = _stacks(Path(tmp), MESSAGE_COUNTS, lambda n: (FIXED_BLOCKS, n))
+        freeze_startup_objects()  # as the worker does once it has started
         results = {
             "machine": info,
-            "blocks": _series(
-                Path(tmp), "blocks", BLOCK_COUNTS, args.runs, lambda n: (n, FIXED_MESSAGES)
-            ),
-            "messages": _series(
-                Path(tmp), "messages", MESSAGE_COUNTS, args.runs, lambda n: (FIXED_BLOCKS, n)
-            ),
+            "blocks": _series("blocks", by_blocks, args.runs),
+            "messages": _series("messages", by_messages, args.runs),
         }
     if args.out:
         args.out.write_text(json.dumps(results, indent=1), encoding="utf-8")

@@ -48,6 +48,7 @@ from durable_memory.workers.worker import (
     ACTIVITY_THREADS,
     WORKFLOWS,
     activities_for,
+    freeze_startup_objects,
     stack_from_settings,
 )
 
@@ -175,6 +176,7 @@ async def main_async(turns: int, user_counts: list[int], leg_turns: int, out: Pa
             max_concurrent_activities=ACTIVITY_THREADS,
         )
         client = MemoryClient(env.client, settings, stack)
+        freeze_startup_objects()  # as run_worker does
 
         async def our_turn(i: int, user: str = "bench") -> None:
             await client.send_message(user, f"hello {i}")
