@@ -221,6 +221,22 @@ def test_writes_from_another_process_invalidate_the_vector_cache(tmp_path: Path)
     assert "second passage about coffee" in texts
 
 
+def test_the_vector_cache_is_bounded_and_eviction_changes_no_result(tmp_path: Path) -> None:
+    """Vectors stay in memory for the users searched most recently, within a byte budget."""
+    embedder = default_embedder()
+    one_user = len(CORPUS) * embedder.dim * 4
+    store = SqliteArchive(tmp_path / "a.db", embedder, cache_bytes=2 * one_user)
+    users = ["ann", "bob", "cyd"]
+    for user in users:
+        _fill(store, user)
+    request = ArchiveSearch(query="robots club", alpha=1.0)
+    first = {user: store.search(user, request) for user in users}
+    assert store.cached_users() == ["bob", "cyd"]  # ann, searched first, was evicted
+    assert store.search("ann", request) == first["ann"]  # reloaded, same answer
+    assert store.cached_users() == ["cyd", "ann"]
+    store.close()
+
+
 def test_relative_score_fusion_matches_weaviates_definition() -> None:
     fused = relative_score_fusion({"a": 0.9, "b": 0.5, "c": 0.1}, {"b": 8.0, "d": 2.0}, alpha=0.75)
     assert fused == pytest.approx({"a": 0.75, "b": 0.375 + 0.25, "c": 0.0, "d": 0.0})

@@ -8,6 +8,7 @@ that every write bumps, so a write from another process invalidates it too.
 import json
 import sqlite3
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -67,6 +68,9 @@ _SCHEMA = [
 ]
 
 _COLUMNS = "rowid, id, user_id, text, tags, created_at, source, label, commit_sha, chunk"
+VECTOR_CACHE_BYTES = 256 * 2**20
+"""Vectors kept in memory across users, least recently searched out first. One user larger
+than this is still kept (alone): reloading 100k vectors for every search costs far more."""
 
 
 @dataclass(frozen=True)
@@ -99,11 +103,14 @@ def _epoch(value: datetime) -> float:
 class SqliteArchive:
     """ArchiveStore on a SQLite file."""
 
-    def __init__(self, path: str | Path, embedder: Embedder) -> None:
+    def __init__(
+        self, path: str | Path, embedder: Embedder, *, cache_bytes: int = VECTOR_CACHE_BYTES
+    ) -> None:
         self.path = Path(path)
         self.embedder = embedder
+        self.cache_bytes = cache_bytes
         self._local = threading.local()
-        self._cache: dict[str, _UserVectors] = {}
+        self._cache: OrderedDict[str, _UserVectors] = OrderedDict()
         self._cache_lock = threading.Lock()
         with self._db() as db:
             for ddl in _SCHEMA:
@@ -258,9 +265,11 @@ class SqliteArchive:
 
     def _vectors(self, user_id: str) -> _UserVectors:
         version = self._version(user_id)
-        cached = self._cache.get(user_id)
-        if cached is not None and cached.version == version:
-            return cached
+        with self._cache_lock:
+            cached = self._cache.get(user_id)
+            if cached is not None and cached.version == version:
+                self._cache.move_to_end(user_id)
+                return cached
         rows = (
             self._db()
             .execute(
@@ -286,7 +295,17 @@ class SqliteArchive:
         )
         with self._cache_lock:
             self._cache[user_id] = loaded
+            self._cache.move_to_end(user_id)
+            held = sum(c.vectors.nbytes for c in self._cache.values())
+            while held > self.cache_bytes and len(self._cache) > 1:
+                _, evicted = self._cache.popitem(last=False)
+                held -= evicted.vectors.nbytes
         return loaded
+
+    def cached_users(self) -> list[str]:
+        """Users whose vectors are in memory, least recently searched first."""
+        with self._cache_lock:
+            return list(self._cache)
 
     def _filter_sql(self, request: ArchiveSearch) -> tuple[str, list[object]]:
         clauses: list[str] = []
