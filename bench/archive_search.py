@@ -41,7 +41,7 @@ DISTRACTORS = 1_000
 MODES = {"hybrid": 0.5, "bm25": 0.0, "vector": 1.0}
 
 
-def _words(rng: random.Random) -> list[str]:
+def zipf_vocabulary(rng: random.Random) -> list[str]:
     consonants, vowels = "bcdfghklmnprstvz", "aeiou"
     words: set[str] = set()
     while len(words) < VOCABULARY:
@@ -51,7 +51,7 @@ def _words(rng: random.Random) -> list[str]:
     return sorted(words)
 
 
-def _corpus(n: int, words: list[str], rng: random.Random) -> list[str]:
+def zipf_texts(n: int, words: list[str], rng: random.Random) -> list[str]:
     weights = [1 / (rank + 1) for rank in range(len(words))]  # Zipf, s = 1
     return [" ".join(rng.choices(words, weights, k=rng.randint(12, 40))) for _ in range(n)]
 
@@ -128,8 +128,8 @@ def _insert_floor(path: Path, texts: list[str], vectors: Vector) -> float:
 
 def _size(n: int, queries: int, runs: int, dim: int, name: str) -> dict[str, Any]:
     rng = random.Random(7)
-    words = _words(rng)
-    texts = _corpus(n, words, rng)
+    words = zipf_vocabulary(rng)
+    texts = zipf_texts(n, words, rng)
     asks = [" ".join(rng.choices(words[:2000], k=3)) for _ in range(queries)]
     fake = RandomVectors(name, dim)
     with tempfile.TemporaryDirectory() as tmp:
@@ -267,8 +267,8 @@ def main() -> None:
     print(f"machine: {describe(info)}")
     real = default_embedder()
     rng = random.Random(5)
-    words = _words(rng)
-    sample = _corpus(200, words, rng)
+    words = zipf_vocabulary(rng)
+    sample = zipf_texts(200, words, rng)
     t = time.perf_counter()
     real.embed_passages(sample)
     per_passage = (time.perf_counter() - t) / len(sample) * 1000

@@ -19,6 +19,15 @@ from durable_memory.config import MemorySettings, Settings, TemporalSettings
 from durable_memory.demo import free_port
 from durable_memory.scripted_model import ScriptedModelServer
 
+SEARCH = {
+    "content": [
+        {
+            "type": "tool_use",
+            "name": "archival_memory_search",
+            "input": {"query": "robotics competition essay"},
+        }
+    ]
+}
 PROPOSAL = {
     "content": [
         {
@@ -119,8 +128,9 @@ class CpuMeter:
 
 
 class EndlessScript(ScriptedModelServer):
-    """Answers every request at once: a proposal when the last message says 'propose', text
-    otherwise. Keeps no requests, so a long run does not grow."""
+    """Answers every request at once: a proposal when the last message says 'propose', an
+    archival search when it says 'search', text otherwise. Keeps no requests, so a long run
+    does not grow."""
 
     def __init__(self, port: int = 0) -> None:
         super().__init__([], port=port, record_requests=False)
@@ -128,9 +138,17 @@ class EndlessScript(ScriptedModelServer):
     def _answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
         last = body["messages"][-1]["content"]
         blocks = last if isinstance(last, list) else [{"type": "text", "text": last}]
-        propose = any(b.get("type") == "text" and "propose" in b["text"] for b in blocks)
-        self.extend([PROPOSAL if propose else {"text": "ok"}])
+        said = " ".join(b["text"] for b in blocks if b.get("type") == "text")
+        self.extend(
+            [PROPOSAL if "propose" in said else SEARCH if "search" in said else {"text": "ok"}]
+        )
         return super()._answer(body)
+
+
+def serve_endless(port: int, ready: EventType, stop: EventType) -> None:
+    with EndlessScript(port):
+        ready.set()
+        stop.wait()
 
 
 @contextmanager
@@ -150,12 +168,6 @@ def model_server_process() -> Iterator[tuple[str, int]]:
     finally:
         stop.set()
         process.join(10)
-
-
-def serve_endless(port: int, ready: EventType, stop: EventType) -> None:
-    with EndlessScript(port):
-        ready.set()
-        stop.wait()
 
 
 def bench_settings(data_dir: Path, task_queue: str = "bench") -> Settings:

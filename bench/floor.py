@@ -1,5 +1,6 @@
 """The floors: bare workflows with the same number and kind of activities as ours, doing
-nothing, on the same server, worker settings and data converter."""
+nothing, on the same server, worker settings and data converter. (A module of workflows:
+the sandbox imports it for every run, so it imports nothing of ours.)"""
 
 import subprocess
 from datetime import timedelta

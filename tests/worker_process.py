@@ -35,8 +35,7 @@ def spawn_worker(
     crash_at: str | None = None,
     marker: Path | None = None,
 ) -> subprocess.Popen[str]:
-    """Start `dmem worker` and return once it polls its task queue. Its stderr is drained in
-    a thread, so a chatty worker never blocks on a full pipe."""
+    """Start `dmem worker` and return once it polls its task queue."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMEM_", "ANTHROPIC_"))}
     env.update(
         {
@@ -49,13 +48,15 @@ def spawn_worker(
     )
     if crash_at:
         env.update({"DMEM_CRASH_AT": crash_at, "DMEM_CRASH_MARKER": str(marker)})
-    process = subprocess.Popen(
-        [sys.executable, "-m", "durable_memory.cli", "worker"],
-        env=env,
-        text=True,
-        stderr=subprocess.PIPE,
-        cwd=settings.memory.data_dir.parent,
+    return start_until_polling(
+        [sys.executable, "-m", "durable_memory.cli", "worker"], env, settings.memory.data_dir.parent
     )
+
+
+def start_until_polling(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
+    """Start a worker process and return once it says it polls its task queue. Its stderr is
+    drained in a thread, so a chatty worker never blocks on a full pipe."""
+    process = subprocess.Popen(argv, env=env, text=True, stderr=subprocess.PIPE, cwd=cwd)
     assert process.stderr is not None
     deadline = time.monotonic() + 60
     for line in process.stderr:

