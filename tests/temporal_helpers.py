@@ -7,6 +7,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -66,13 +67,19 @@ async def turn_outcome(client: MemoryClient, user_id: str, turn_id: str) -> Turn
     return result
 
 
-async def workflow_result(client: MemoryClient, workflow_id: str, kind: type[T]) -> T:
-    """The result of a workflow that another one starts in the background (a rotation)."""
+async def workflow_result(
+    client: MemoryClient, workflow_id: str, kind: type[T], started_after: datetime | None = None
+) -> T:
+    """The result of a workflow that another one starts in the background (a rotation): of
+    its run started after `started_after`, as the session's server keeps earlier runs."""
     handle = client.client.get_workflow_handle(workflow_id, result_type=kind)
     for _ in range(600):
         try:
-            result: T = await handle.result()
-            return result
+            description = await handle.describe()
+            if started_after is None or description.start_time > started_after:
+                result: T = await handle.result()
+                return result
         except RPCError:  # not started yet
-            await asyncio.sleep(0.1)
+            pass
+        await asyncio.sleep(0.1)
     raise AssertionError(f"{workflow_id} never ran")

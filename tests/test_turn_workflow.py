@@ -3,6 +3,7 @@ the scripted model server: reply in the starting call, approve, reject, edit-the
 expiry, supersede, and the rotation a commit triggers."""
 
 import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -150,15 +151,18 @@ async def test_approval_that_crosses_the_threshold_starts_a_rotation(
         from durable_memory.models.history import Author, AuthorKind
 
         backend = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
-        rig.stack.service.ensure_user("alice")
+        rig.stack.service.ensure_user("rosa")
         for i in range(2):
-            rig.stack.service.add_context("alice", f"note {i} " + "y" * 420, backend)
-        reply = await rig.client.send_message("alice", "we talked a lot", turn_id="t3")
+            rig.stack.service.add_context("rosa", f"note {i} " + "y" * 420, backend)
+        reply = await rig.client.send_message("rosa", "we talked a lot", turn_id="t3")
+        approved_at = datetime.now(UTC)
         await rig.client.approve(reply.diffs[0].id, "ms-rivera")  # answered once committed
-        result = await workflow_result(rig.client, "rotation-alice-human", RotationOutcome)
-        handle = temporal_env.client.get_workflow_handle("rotation-alice-human")
+        result = await workflow_result(
+            rig.client, "rotation-rosa-human", RotationOutcome, started_after=approved_at
+        )
+        handle = temporal_env.client.get_workflow_handle("rotation-rosa-human")
         assert result.rotated
-        passages = rig.stack.archive.page("alice")
+        passages = rig.stack.archive.page("rosa")
         assert [p.id for p in passages] == result.passage_ids
         assert "Discussed the robotics competition" in passages[0].text
         desc = await handle.describe()
