@@ -33,10 +33,12 @@ from temporalio.service import RPCError, TLSConfig
 from durable_memory.config import Settings, load_settings
 from durable_memory.memory.context import ContextWindowOverview
 from durable_memory.memory.errors import (
+    DecisionRefused,
     DiffAlreadyDecided,
     DurableMemoryError,
     validation_message,
 )
+from durable_memory.memory.formats import from_markdown
 from durable_memory.memory.git_store import validate_author_name
 from durable_memory.memory.ids import validate_diff_id, validate_label, validate_user_id
 from durable_memory.memory.stack import MemoryStack
@@ -210,6 +212,10 @@ class MemoryClient:
         )
         if not diff.proposed_by.startswith("turn:"):
             raise DurableMemoryError(f"diff {diff_id} was not proposed by a turn")
+        if edited_markdown is not None:  # refused here, with line and reason, not in history
+            await asyncio.to_thread(
+                from_markdown, self.stack.service.spec(diff.label), edited_markdown
+            )
         handle = self.client.get_workflow_handle(
             turn_workflow_id(diff.user_id, diff.proposed_by.removeprefix("turn:"))
         )
@@ -221,6 +227,8 @@ class MemoryClient:
             outcome: DecisionOutcome = await handle.execute_update(TurnWorkflow.decide, decision)
             return outcome
         except WorkflowUpdateFailedError as error:
+            if _cause_type(error) == "DecisionRefused":
+                raise DecisionRefused(_cause(error)) from None
             raise DiffAlreadyDecided(_cause(error)) from None
         except RPCError as error:
             current = await asyncio.to_thread(self.stack.service.diffs.get, diff_id)
@@ -308,8 +316,18 @@ class MemoryClient:
         return rotation.schedule_id
 
 
-def _cause(error: BaseException) -> str:
+def _application_cause(error: BaseException) -> ApplicationError | None:
     cause = error.__cause__ or getattr(error, "cause", None)
     while cause is not None and not isinstance(cause, ApplicationError):
         cause = getattr(cause, "cause", None) or cause.__cause__
-    return cause.message if isinstance(cause, ApplicationError) else str(error)
+    return cause
+
+
+def _cause(error: BaseException) -> str:
+    cause = _application_cause(error)
+    return cause.message if cause is not None else str(error)
+
+
+def _cause_type(error: BaseException) -> str | None:
+    cause = _application_cause(error)
+    return cause.type if cause is not None else None

@@ -1,8 +1,8 @@
 """Bad-input suite: property-based attacks on every in-process entry point. For each case:
 one clear error (a DurableMemoryError, a tool error result, or exit status 2 with one line),
 and a snapshot of the SQL stores and of every git repository taken before equals the one
-taken after. (Signals and Updates are attacked in test_turn_workflow.py and
-test_bad_decisions below, against a real server.)"""
+taken after. Signals, Updates and MemoryClient calls are attacked against a real Temporal
+server in test_bad_decisions.py."""
 
 import json
 import string
@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import inspect, text
 
 from durable_memory.cli import main
 from durable_memory.memory.errors import DurableMemoryError
@@ -24,36 +23,12 @@ from durable_memory.memory.stack import MemoryStack, open_stack
 from durable_memory.memory.tools import TOOL_DOCS
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.operations import AddItem
+from tests.snapshots import hostile_ids, snapshot
 
 CASES = settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 
-hostile_ids = st.one_of(
-    st.sampled_from(
-        [
-            "..",
-            "../x",
-            "/etc",
-            "a/b",
-            "a\\b",
-            "\x00",
-            ".git",
-            " ",
-            "-x",
-            "x" * 65,
-            "ａ",
-            "alice\n",
-            "%2e%2e",
-            "$(id)",
-            "",
-            "DROP TABLE",
-            "a;b",
-            "é",
-        ]
-    ),
-    st.text(max_size=80),
-)
 anything = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=60),
     lambda inner: (
@@ -61,36 +36,6 @@ anything = st.recursive(
     ),
     max_leaves=8,
 )
-
-
-def snapshot(stack: MemoryStack) -> dict[str, Any]:
-    """Every row of every SQL table, every repository's refs, index and files, the archive."""
-    engine = stack.service.diffs.engine
-    tables: dict[str, Any] = {}
-    with engine.connect() as conn:
-        for table in inspect(engine).get_table_names():
-            if table.startswith("recall_fts"):
-                continue
-            rows = conn.execute(text(f'SELECT * FROM "{table}"')).fetchall()
-            tables[table] = sorted(repr(tuple(r)) for r in rows)
-    repos: dict[str, Any] = {}
-    users_dir = stack.service.git.users_dir
-    if users_dir.exists():
-        for repo in sorted(users_dir.iterdir()):
-            head = subprocess.run(
-                ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True
-            ).stdout
-            files = {
-                str(p.relative_to(repo)): p.read_bytes()
-                for p in sorted(repo.rglob("*"))
-                if p.is_file() and ".git" not in p.parts
-            }
-            repos[repo.name] = (head, files, (repo / ".git" / "index").read_bytes())
-    return {
-        "tables": tables,
-        "repos": repos,
-        "archive": [p.id for p in stack.archive.page("alice", limit=1000)],
-    }
 
 
 @pytest.fixture(scope="module")

@@ -61,6 +61,10 @@ class DiffAlreadyDecided(DurableMemoryError):
     """A decision on a diff that is no longer pending."""
 
 
+class DecisionRefused(DurableMemoryError):
+    """A decision that reached its turn but could not be applied (the diff stays pending)."""
+
+
 class UnknownCommit(DurableMemoryError):
     """A sha that does not name a commit of the user's repository touching the block."""
 

@@ -17,6 +17,8 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from durable_memory.activities.turn import TurnActivities
     from durable_memory.memory.agent import step_limit_note
+    from durable_memory.memory.errors import DurableMemoryError
+    from durable_memory.memory.git_store import validate_author_name
     from durable_memory.models.diffs import DiffStatus
     from durable_memory.models.turn import (
         DecisionOutcome,
@@ -256,6 +258,10 @@ class TurnWorkflow:
             raise ValueError(f"diff {decision.diff_id} is not awaiting a decision in this turn")
         if any(queued.diff_id == decision.diff_id for _, queued in self._queue):
             raise ValueError(f"diff {decision.diff_id} is already being decided")
+        try:  # the approver's name goes into a commit: refuse a bad one before history
+            validate_author_name(decision.approver)
+        except DurableMemoryError as error:
+            raise ValueError(str(error)) from None
 
     @workflow.update
     async def decide(self, decision: DiffDecision) -> DecisionOutcome:
