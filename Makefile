@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit setup clean
+.PHONY: demo test lint typecheck unit bench setup clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,15 @@ unit: $(STAMP)
 	$(BIN)/pytest
 
 test: lint typecheck unit
+
+# Every benchmark beside its floor (about 10 minutes on 2 cores), then the plots in docs/.
+bench: $(STAMP)
+	mkdir -p bench/results
+	$(BIN)/python -m bench.pipeline --out bench/results/pipeline.json
+	$(BIN)/python -m bench.context_compile --out bench/results/context_compile.json
+	$(BIN)/python -m bench.archive_search --out bench/results/archive_search.json
+	$(BIN)/python -m bench.memory --out bench/results/memory.json
+	$(BIN)/python -m bench.plots
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
