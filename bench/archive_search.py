@@ -12,7 +12,11 @@ random unit vectors (exact search costs the same whatever the values; embedding 
 would take the embedder an hour); the query vector is precomputed and the embedder's own cost
 is reported apart. Each latency is the median over --runs runs of --queries queries.
 
-    .venv/bin/python -m bench.archive_search [--passages 1000,10000,100000] [--out r.json]
+Crowding: one user's 1,000 passages searched alone in the file, then with --crowd passages of
+100 other users beside them (every user shares the file and its full-text index).
+
+    .venv/bin/python -m bench.archive_search [--passages 1000,10000,100000] [--crowd 100000]
+                                           [--out r.json]
 """
 
 import argparse
@@ -172,6 +176,40 @@ def _size(n: int, queries: int, runs: int, dim: int, name: str) -> dict[str, Any
     return row
 
 
+def crowded(own: int, others: int, queries: int, runs: int, dim: int, name: str) -> dict[str, Any]:
+    """One user's search alone in the file, then with `others` passages of 100 other users
+    beside it (all users share the file and its full-text index)."""
+    rng = random.Random(11)
+    words = zipf_vocabulary(rng)
+    asks = [" ".join(rng.choices(words[:2000], k=3)) for _ in range(queries)]
+    fake = RandomVectors(name, dim)
+    vectors = {q: fake.embed_query(q) for q in asks}
+    row: dict[str, Any] = {"own": own, "others": others}
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = SqliteArchive(Path(tmp) / "archive.db", fake)
+        for text in zipf_texts(own, words, rng):
+            archive.insert(NewPassage(user_id="bench", text=text, source=PassageSource.IMPORT))
+        for phase, count in (("alone", 0), ("crowded", others)):
+            for i, text in enumerate(zipf_texts(count, words, rng)):
+                archive.insert(
+                    NewPassage(user_id=f"other{i % 100}", text=text, source=PassageSource.IMPORT)
+                )
+
+            def search(query: str) -> object:
+                return archive.search_vector("bench", ArchiveSearch(query=query), vectors[query])
+
+            search(asks[0])
+            row[f"{phase}_p50"], row[f"{phase}_p95"] = _latencies(search, asks, runs)
+        archive.close()
+    print(
+        f"{own} passages of one user, hybrid search: alone p50 {row['alone_p50']:.2f} ms "
+        f"p95 {row['alone_p95']:.2f} ms | beside {others} of 100 other users p50 "
+        f"{row['crowded_p50']:.2f} ms p95 {row['crowded_p95']:.2f} ms | ratio p50 "
+        f"{row['crowded_p50'] / row['alone_p50']:.2f}x"
+    )
+    return row
+
+
 def _distractors(rng: random.Random) -> list[str]:
     """Session notes about the same student, sharing the labelled set's vocabulary."""
     work = [
@@ -261,6 +299,9 @@ def main() -> None:
     parser.add_argument("--passages", default="1000,10000,100000")
     parser.add_argument("--queries", type=int, default=50)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument(
+        "--crowd", type=int, default=100_000, help="other users' passages beside one user's 1,000"
+    )
     parser.add_argument("--out", type=Path, help="write the figures as JSON")
     args = parser.parse_args()
     info = machine()
@@ -286,6 +327,7 @@ def main() -> None:
             _size(int(n), args.queries, args.runs, real.dim, real.name)
             for n in args.passages.split(",")
         ],
+        "crowded": crowded(1000, args.crowd, args.queries, args.runs, real.dim, real.name),
     }
     if args.out:
         args.out.write_text(json.dumps(results, indent=1), encoding="utf-8")

@@ -1,6 +1,7 @@
 """One contract for every ArchiveStore backend. The embedded SQLite store always runs; the
 Weaviate leg runs whenever WEAVIATE_URL is set and is reported as skipped otherwise."""
 
+import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -241,3 +242,96 @@ def test_relative_score_fusion_matches_weaviates_definition() -> None:
     fused = relative_score_fusion({"a": 0.9, "b": 0.5, "c": 0.1}, {"b": 8.0, "d": 2.0}, alpha=0.75)
     assert fused == pytest.approx({"a": 0.75, "b": 0.375 + 0.25, "c": 0.0, "d": 0.0})
     assert relative_score_fusion({"a": 0.3}, {}, alpha=0.5) == {"a": 0.5}
+
+
+def test_keyword_search_reaches_only_the_users_own_rows_in_the_shared_index(
+    tmp_path: Path,
+) -> None:
+    """Every user's passages share one FTS5 index; each row carries its owner's token, so a
+    search seeks through that user's rows (user ids differing only in case stay apart)."""
+    store = SqliteArchive(tmp_path / "a.db", default_embedder())
+    for user in ("Ann-1", "ann-1", "ann_1"):
+        store.insert(
+            NewPassage(user_id=user, text=f"{user} keeps bees", source=PassageSource.AGENT)
+        )
+    for user in ("Ann-1", "ann-1", "ann_1"):
+        hits = store.search(user, ArchiveSearch(query="bees", alpha=0.0))
+        assert [h.passage.text for h in hits] == [f"{user} keeps bees"]
+        owned = store._db().execute(
+            "SELECT count(*) FROM passages_fts WHERE passages_fts MATCH ?",
+            (f'owner : "{user.encode().hex()}"',),
+        )
+        assert owned.fetchone()[0] == 1
+    (mine,) = store.search("ann-1", ArchiveSearch(query="bees", alpha=0.0))
+    assert store.delete("ann-1", [mine.passage.id]) == 1  # the delete trigger finds the row
+    assert store.search("ann-1", ArchiveSearch(query="bees", alpha=0.0)) == []
+    assert len(store.search("Ann-1", ArchiveSearch(query="bees", alpha=0.0))) == 1
+    store.close()
+
+
+_SCHEMA_BEFORE_OWNER = [
+    "CREATE TABLE archive_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE passages (
+        rowid INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, user_id TEXT NOT NULL,
+        text TEXT NOT NULL, tags TEXT NOT NULL, created_at REAL NOT NULL, source TEXT NOT NULL,
+        label TEXT, commit_sha TEXT, chunk INTEGER NOT NULL, vector BLOB NOT NULL)""",
+    "CREATE INDEX passages_user_time ON passages (user_id, created_at)",
+    """CREATE VIRTUAL TABLE passages_fts USING fts5(
+        text, content='passages', content_rowid='rowid', tokenize='unicode61 remove_diacritics 2'
+    )""",
+    """CREATE TRIGGER passages_fts_insert AFTER INSERT ON passages BEGIN
+        INSERT INTO passages_fts (rowid, text) VALUES (new.rowid, new.text);
+    END""",
+    """CREATE TRIGGER passages_fts_delete AFTER DELETE ON passages BEGIN
+        INSERT INTO passages_fts (passages_fts, rowid, text) VALUES ('delete', old.rowid, old.text);
+    END""",
+    "CREATE TABLE archive_versions (user_id TEXT PRIMARY KEY, version INTEGER NOT NULL)",
+]
+
+
+def test_an_archive_from_before_the_owner_column_is_brought_up_to_date(tmp_path: Path) -> None:
+    """Opening an archive whose full-text index lacks the owner column rebuilds that index
+    from the passages, once; the passages themselves are untouched."""
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    embedder = default_embedder()
+    old = sqlite3.connect(path, isolation_level=None)
+    for ddl in _SCHEMA_BEFORE_OWNER:
+        old.execute(ddl)
+    old.executemany(
+        "INSERT INTO archive_meta VALUES (?, ?)",
+        [("embedder", embedder.name), ("dim", str(embedder.dim))],
+    )
+    vectors = embedder.embed_passages([text for text, _, _ in CORPUS])
+    for i, ((text, tags, day), vector) in enumerate(zip(CORPUS, vectors, strict=True)):
+        created = (T0 + timedelta(days=day)).timestamp()
+        old.execute(
+            "INSERT INTO passages (id, user_id, text, tags, created_at, source, chunk, vector) "
+            "VALUES (?, ?, ?, ?, ?, 'agent', 0, ?)",
+            (
+                f"p{i}",
+                "alice" if i < 4 else "bob",
+                text,
+                json.dumps(tags),
+                created,
+                vector.tobytes(),
+            ),
+        )
+    before = old.execute("SELECT * FROM passages ORDER BY rowid").fetchall()
+    old.close()
+
+    store = SqliteArchive(path, embedder)
+    hits = store.search("alice", ArchiveSearch(query="Biscuit", alpha=0.0))
+    assert [h.passage.id for h in hits] == ["p3"]
+    assert store.search("alice", ArchiveSearch(query="robotics", alpha=0.0)) == []  # bob's
+    assert store.search("bob", ArchiveSearch(query="robotics"))[0].passage.id == "p4"
+    store.close()
+    again = SqliteArchive(path, embedder)  # a second open finds nothing to do
+    assert again.count("alice") == 4
+    again.close()
+    after = sqlite3.connect(path)
+    assert after.execute("SELECT * FROM passages ORDER BY rowid").fetchall() == before
+    fts_sql = after.execute("SELECT sql FROM sqlite_master WHERE name = 'passages_fts'").fetchone()
+    assert "owner" in fts_sql[0]
+    after.close()
