@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.pipeline --out bench/results/pipeline.json
 	$(BIN)/python -m bench.context_compile --out bench/results/context_compile.json
 	$(BIN)/python -m bench.archive_search --out bench/results/archive_search.json
+	$(BIN)/python -m bench.recall_search --out bench/results/recall_search.json
 	$(BIN)/python -m bench.memory --out bench/results/memory.json
 	$(BIN)/python -m bench.plots
 

@@ -1,10 +1,13 @@
 """Recall memory on SQLite (FTS5) and PostgreSQL (full text): store, search, filter, paginate."""
 
+import sqlite3
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
 
+from durable_memory.memory.db import make_engine
 from durable_memory.memory.errors import DurableMemoryError
 from durable_memory.memory.recall import RecallStore
 from durable_memory.models.recall import MessageRole, NewMessage
@@ -112,3 +115,63 @@ def test_filters_and_pagination(recall: RecallStore) -> None:
 def test_bad_search_arguments(recall: RecallStore, kwargs: dict[str, object], error: str) -> None:
     with pytest.raises(DurableMemoryError, match=error):
         recall.search("alice", "robots", **kwargs)  # type: ignore[arg-type]
+
+
+def test_search_stays_within_users_whose_ids_differ_only_in_case(engine: Engine) -> None:
+    store = RecallStore(engine)
+    for user in ("Ann-1", "ann-1", "ann_1"):
+        store.append(user, "t1", [_msg(MessageRole.USER, f"{user} keeps bees")], at=T0)
+    for user in ("Ann-1", "ann-1", "ann_1"):
+        page = store.search(user, "bees")
+        assert [m.content for m in page.messages] == [f"{user} keeps bees"]
+        assert page.total == 1
+
+
+_RECALL_FTS_BEFORE_OWNER = [
+    """CREATE VIRTUAL TABLE recall_fts USING fts5(
+        content, content='recall_messages', content_rowid='id', tokenize='unicode61'
+    )""",
+    """CREATE TRIGGER recall_fts_insert AFTER INSERT ON recall_messages BEGIN
+        INSERT INTO recall_fts(rowid, content) VALUES (new.id, new.content);
+    END""",
+    """CREATE TRIGGER recall_fts_delete AFTER DELETE ON recall_messages BEGIN
+        INSERT INTO recall_fts(recall_fts, rowid, content) VALUES ('delete', old.id, old.content);
+    END""",
+]
+
+
+def test_a_recall_index_from_before_the_owner_column_is_rebuilt(tmp_path: Path) -> None:
+    """A SQLite store whose FTS index lacks the owner column gets it on open, rebuilt from
+    the messages, which stay exactly as they were."""
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path, isolation_level=None)
+    old.execute(
+        "CREATE TABLE recall_messages (id INTEGER PRIMARY KEY, user_id VARCHAR(64) NOT NULL, "
+        "turn_id VARCHAR(128) NOT NULL, seq INTEGER NOT NULL, role VARCHAR(16) NOT NULL, "
+        "content VARCHAR NOT NULL, tool_name VARCHAR, tool_call_id VARCHAR, "
+        "is_error BOOLEAN NOT NULL, created_at DATETIME NOT NULL, UNIQUE (user_id, turn_id, seq))"
+    )
+    for ddl in _RECALL_FTS_BEFORE_OWNER:
+        old.execute(ddl)
+    for n, (user, content) in enumerate(
+        [("alice", "robots and sisters"), ("bob", "robots at school"), ("alice", "tea time")]
+    ):
+        old.execute(
+            "INSERT INTO recall_messages (user_id, turn_id, seq, role, content, is_error, "
+            "created_at) VALUES (?, ?, 0, 'user', ?, 0, ?)",
+            (user, f"t{n}", content, T0.isoformat(sep=" ")),
+        )
+    before = old.execute("SELECT * FROM recall_messages ORDER BY id").fetchall()
+    old.close()
+
+    engine = make_engine(f"sqlite:///{path}")
+    store = RecallStore(engine)
+    assert [m.content for m in store.search("alice", "robots").messages] == ["robots and sisters"]
+    assert [m.content for m in store.search("bob", "robots").messages] == ["robots at school"]
+    engine.dispose()
+    make_engine(f"sqlite:///{path}").dispose()  # a second open finds nothing to do
+    after = sqlite3.connect(path)
+    assert after.execute("SELECT * FROM recall_messages ORDER BY id").fetchall() == before
+    sql = after.execute("SELECT sql FROM sqlite_master WHERE name = 'recall_fts'").fetchone()[0]
+    assert "owner" in sql
+    after.close()

@@ -14,16 +14,27 @@ from durable_memory.memory import (  # noqa: F401
     turns,
 )
 
+# One FTS5 index holds every user's messages; each row carries its owner as one token (the
+# user id in hex) so that a search matches `owner AND terms` and walks that user's rows only.
 _SQLITE_FTS = [
+    """CREATE VIEW IF NOT EXISTS recall_fts_source AS
+        SELECT id, hex(user_id) AS owner, content FROM recall_messages""",
     """CREATE VIRTUAL TABLE IF NOT EXISTS recall_fts USING fts5(
-        content, content='recall_messages', content_rowid='id', tokenize='unicode61'
+        owner, content, content='recall_fts_source', content_rowid='id', tokenize='unicode61'
     )""",
     """CREATE TRIGGER IF NOT EXISTS recall_fts_insert AFTER INSERT ON recall_messages BEGIN
-        INSERT INTO recall_fts(rowid, content) VALUES (new.id, new.content);
+        INSERT INTO recall_fts(rowid, owner, content)
+        VALUES (new.id, hex(new.user_id), new.content);
     END""",
     """CREATE TRIGGER IF NOT EXISTS recall_fts_delete AFTER DELETE ON recall_messages BEGIN
-        INSERT INTO recall_fts(recall_fts, rowid, content) VALUES ('delete', old.id, old.content);
+        INSERT INTO recall_fts(recall_fts, rowid, owner, content)
+        VALUES ('delete', old.id, hex(old.user_id), old.content);
     END""",
+]
+_SQLITE_FTS_BEFORE_OWNER = [
+    "DROP TRIGGER IF EXISTS recall_fts_insert",
+    "DROP TRIGGER IF EXISTS recall_fts_delete",
+    "DROP TABLE recall_fts",
 ]
 
 _POSTGRES_FTS = [
@@ -52,7 +63,24 @@ def make_engine(url: str) -> Engine:
     else:
         engine = create_engine(url, pool_pre_ping=True)
     SQLModel.metadata.create_all(engine)
-    with engine.begin() as conn:
-        for ddl in _SQLITE_FTS if engine.dialect.name == "sqlite" else _POSTGRES_FTS:
-            conn.execute(text(ddl))
+    if engine.dialect.name != "sqlite":
+        with engine.begin() as conn:
+            for ddl in _POSTGRES_FTS:
+                conn.execute(text(ddl))
+        return engine
+    with engine.connect() as conn:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")  # one process at a time brings the index up
+        try:
+            found = conn.exec_driver_sql(
+                "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'recall_fts'"
+            ).scalar()
+            outdated = found is not None and "owner" not in found
+            for ddl in (_SQLITE_FTS_BEFORE_OWNER if outdated else []) + _SQLITE_FTS:
+                conn.exec_driver_sql(ddl)
+            if outdated:  # rebuilt from the messages; the messages themselves are untouched
+                conn.exec_driver_sql("INSERT INTO recall_fts(recall_fts) VALUES ('rebuild')")
+            conn.exec_driver_sql("COMMIT")
+        except BaseException:
+            conn.exec_driver_sql("ROLLBACK")
+            raise
     return engine

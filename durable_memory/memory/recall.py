@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, Row, Select, UniqueConstraint, func, text
+from sqlalchemy import Engine, Float, Integer, Row, Select, UniqueConstraint, func, text
 from sqlalchemy import select as select_columns
 from sqlmodel import Field, Session, SQLModel, col, select
 
@@ -199,19 +199,26 @@ class RecallStore:
         if not terms:
             ranked = base.order_by(col(RecallMessageRow.id).desc())
         elif self.engine.dialect.name == "sqlite":
-            match = " ".join('"' + t.replace('"', '""') + '"' for t in terms)
-            base = base.where(
-                text(
-                    "recall_messages.id IN (SELECT rowid FROM recall_fts WHERE recall_fts MATCH :m)"
-                ).bindparams(m=match)
+            # Match and rank once, in the index, among this user's rows only (the owner token
+            # is the user id in hex); then join for the filters. MATERIALIZED keeps SQLite
+            # from probing the index again for every row of the user.
+            match = (
+                f'owner : "{user_id.encode().hex()}" AND content : ('
+                + " AND ".join('"' + t.replace('"', '""') + '"' for t in terms)
+                + ")"
             )
-            ranked = base.order_by(
+            hits = (
                 text(
-                    "(SELECT bm25(recall_fts) FROM recall_fts WHERE recall_fts MATCH :m2 "
-                    "AND recall_fts.rowid = recall_messages.id)"
-                ).bindparams(m2=match),
-                col(RecallMessageRow.id).desc(),
+                    "SELECT rowid AS id, bm25(recall_fts, 0.0, 1.0) AS rank FROM recall_fts "
+                    "WHERE recall_fts MATCH :m"
+                )
+                .bindparams(m=match)
+                .columns(id=Integer, rank=Float)
+                .cte("hits")
+                .prefix_with("MATERIALIZED")
             )
+            base = base.join(hits, hits.c.id == col(RecallMessageRow.id))
+            ranked = base.order_by(hits.c.rank, col(RecallMessageRow.id).desc())
         else:
             tsquery = func.plainto_tsquery("simple", " ".join(terms))
             vector = func.to_tsvector("simple", RecallMessageRow.content)
