@@ -26,13 +26,12 @@ import sqlite3
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.common import describe, machine, p50_p95
+from bench.common import describe, latencies, machine
 from durable_memory.memory.archive_sqlite import SqliteArchive
 from durable_memory.memory.embedders import Embedder, Vector, default_embedder
 from durable_memory.memory.recall import fts_terms
@@ -75,21 +74,6 @@ class RandomVectors:
     def embed_query(self, text: str) -> Vector:
         one: Vector = self.embed_passages([text])[0]
         return one
-
-
-def _latencies(fn: Callable[[str], object], items: list[str], runs: int) -> tuple[float, float]:
-    """Median over runs of each run's p50 and p95, in ms."""
-    p50s, p95s = [], []
-    for _ in range(runs):
-        times = []
-        for item in items:
-            t = time.perf_counter()
-            fn(item)
-            times.append((time.perf_counter() - t) * 1000)
-        p50, p95 = p50_p95(times)
-        p50s.append(p50)
-        p95s.append(p95)
-    return statistics.median(p50s), statistics.median(p95s)
 
 
 class BareLegs:
@@ -149,7 +133,7 @@ def _size(n: int, queries: int, runs: int, dim: int, name: str) -> dict[str, Any
         )
         vectors = {q: fake.embed_query(q) for q in asks}
         bare = BareLegs(Path(tmp) / "archive.db", archive, "bench")
-        floor = _latencies(lambda q: bare.search(q, vectors[q]), asks, runs)
+        floor = latencies(lambda q: bare.search(q, vectors[q]), asks, runs)
         row: dict[str, Any] = {
             "passages": n,
             "insert_per_s": rate,
@@ -164,7 +148,7 @@ def _size(n: int, queries: int, runs: int, dim: int, name: str) -> dict[str, Any
                 return archive.search_vector("bench", request, vectors[query])
 
             search(asks[0])  # the first search loads the user's vectors
-            p50, p95 = _latencies(search, asks, runs)
+            p50, p95 = latencies(search, asks, runs)
             row[f"{mode}_p50"], row[f"{mode}_p95"] = p50, p95
             print(f"{'':>18}{mode:<7} search p50 {p50:6.2f} ms p95 {p95:6.2f} ms")
         print(
@@ -199,7 +183,7 @@ def crowded(own: int, others: int, queries: int, runs: int, dim: int, name: str)
                 return archive.search_vector("bench", ArchiveSearch(query=query), vectors[query])
 
             search(asks[0])
-            row[f"{phase}_p50"], row[f"{phase}_p95"] = _latencies(search, asks, runs)
+            row[f"{phase}_p50"], row[f"{phase}_p95"] = latencies(search, asks, runs)
         archive.close()
     print(
         f"{own} passages of one user, hybrid search: alone p50 {row['alone_p50']:.2f} ms "
@@ -314,7 +298,7 @@ def main() -> None:
     real.embed_passages(sample)
     per_passage = (time.perf_counter() - t) / len(sample) * 1000
     questions = [q["query"] for q in json.loads(LABELLED.read_text(encoding="utf-8"))["queries"]]
-    query_p50, _ = _latencies(real.embed_query, questions, 1)
+    query_p50, _ = latencies(real.embed_query, questions, 1)
     print(
         f"embedder {real.name}: {per_passage:.1f} ms per passage (batch of 200), "
         f"{query_p50:.1f} ms per question of the labelled set (p50)"

@@ -7,7 +7,8 @@ import os
 import platform
 import statistics
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -83,6 +84,21 @@ def describe(info: dict[str, Any]) -> str:
 def p50_p95(samples: list[float]) -> tuple[float, float]:
     ordered = sorted(samples)
     return statistics.median(ordered), ordered[round(0.95 * (len(ordered) - 1))]
+
+
+def latencies(fn: Callable[[str], object], items: list[str], runs: int) -> tuple[float, float]:
+    """Median over runs of each run's p50 and p95, in ms."""
+    p50s, p95s = [], []
+    for _ in range(runs):
+        times = []
+        for item in items:
+            t = time.perf_counter()
+            fn(item)
+            times.append((time.perf_counter() - t) * 1000)
+        p50, p95 = p50_p95(times)
+        p50s.append(p50)
+        p95s.append(p95)
+    return statistics.median(p50s), statistics.median(p95s)
 
 
 def _proc_cpu(pid: int) -> float:

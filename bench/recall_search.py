@@ -10,15 +10,13 @@ import argparse
 import json
 import random
 import sqlite3
-import statistics
 import tempfile
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from bench.archive_search import zipf_texts, zipf_vocabulary
-from bench.common import describe, machine, p50_p95
+from bench.common import describe, latencies, machine
 from durable_memory.memory.db import make_engine
 from durable_memory.memory.recall import RecallStore
 
@@ -32,20 +30,6 @@ def _bulk(db: sqlite3.Connection, users: list[str], texts: list[str]) -> None:
             "created_at) VALUES (?, ?, 0, 'user', ?, 0, ?)",
             [(u, f"t{n}", t, stamp) for n, (u, t) in enumerate(zip(users, texts, strict=True))],
         )
-
-
-def _times(fn: Any, queries: list[str], runs: int) -> tuple[float, float]:
-    p50s, p95s = [], []
-    for _ in range(runs):
-        samples = []
-        for query in queries:
-            t = time.perf_counter()
-            fn(query)
-            samples.append((time.perf_counter() - t) * 1000)
-        p50, p95 = p50_p95(samples)
-        p50s.append(p50)
-        p95s.append(p95)
-    return statistics.median(p50s), statistics.median(p95s)
 
 
 def main() -> None:
@@ -80,8 +64,8 @@ def main() -> None:
         for phase, count in (("alone", 0), ("crowded", args.others)):
             _bulk(db, [f"other{n % 100}" for n in range(count)], zipf_texts(count, words, rng))
             store.search("me", queries[0])
-            ours = _times(lambda q: store.search("me", q), queries, args.runs)
-            floor = _times(bare, queries, args.runs)
+            ours = latencies(lambda q: store.search("me", q), queries, args.runs)
+            floor = latencies(bare, queries, args.runs)
             result[phase] = {
                 "p50": ours[0],
                 "p95": ours[1],
