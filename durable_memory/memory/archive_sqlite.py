@@ -23,6 +23,7 @@ from durable_memory.memory.archive import (
     relative_score_fusion,
 )
 from durable_memory.memory.embedders import Embedder, Vector
+from durable_memory.memory.fts import create_owned_index, owner_match
 from durable_memory.memory.ids import validate_user_id
 from durable_memory.memory.recall import fts_terms
 from durable_memory.models.archive import (
@@ -53,9 +54,7 @@ _SCHEMA = [
         vector BLOB NOT NULL
     )""",
     "CREATE INDEX IF NOT EXISTS passages_user_time ON passages (user_id, created_at)",
-    # The full-text index holds every user's passages, so each row carries its owner as one
-    # token (the user id in hex) and a search matches `owner AND (terms)`: FTS5 then seeks
-    # through the owner's rows instead of scoring every user's matches and filtering after.
+    # One full-text index for every user's passages, each row with its owner (memory.fts).
     """CREATE VIEW IF NOT EXISTS passages_fts_source AS
         SELECT rowid, hex(user_id) AS owner, text FROM passages""",
     """CREATE VIRTUAL TABLE IF NOT EXISTS passages_fts USING fts5(
@@ -121,7 +120,7 @@ class SqliteArchive:
         self._cache: OrderedDict[str, _UserVectors] = OrderedDict()
         self._cache_lock = threading.Lock()
         with self._db() as db:
-            self._create_schema(db)
+            create_owned_index(db, "passages_fts", _SCHEMA)
             self._check_embedder(db)
 
     def _db(self) -> sqlite3.Connection:
@@ -135,31 +134,6 @@ class SqliteArchive:
             db.execute("PRAGMA synchronous=NORMAL")
             self._local.db = db
         return db
-
-    def _create_schema(self, db: sqlite3.Connection) -> None:
-        """Create the tables, or bring an archive from before the owner column up to date
-        (its full-text index is rebuilt from the passages; nothing else changes)."""
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            row = db.execute(
-                "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'passages_fts'"
-            ).fetchone()
-            outdated = row is not None and "owner" not in row[0]
-            if outdated:
-                for drop in (
-                    "DROP TRIGGER IF EXISTS passages_fts_insert",
-                    "DROP TRIGGER IF EXISTS passages_fts_delete",
-                    "DROP TABLE passages_fts",
-                ):
-                    db.execute(drop)
-            for ddl in _SCHEMA:
-                db.execute(ddl)
-            if outdated:
-                db.execute("INSERT INTO passages_fts (passages_fts) VALUES ('rebuild')")
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def _check_embedder(self, db: sqlite3.Connection) -> None:
         db.execute("BEGIN IMMEDIATE")
@@ -398,14 +372,10 @@ class SqliteArchive:
             return [PassageHit(passage=_passage(r), score=0.0) for r in rows]
         keyword: dict[str, float] = {}
         if request.alpha < 1.0:
-            match = (
-                f'owner : "{user_id.encode().hex()}" AND text : ('
-                + " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
-                + ")"
-            )
-            # The owner token is the user id's bytes in hex, so it matches that user's rows
-            # and no other: without filters the index alone ranks them (no lookup of each
-            # matching row in `passages`, which costs as much as the match at 100k rows).
+            match = owner_match(user_id, "text", terms, "OR")
+            # The owner token matches that user's rows and no other, so without filters the
+            # index alone ranks them (no lookup of each matching row in `passages`, which
+            # costs as much as the match at 100k rows).
             query, args = (
                 (
                     "SELECT p.rowid, bm25(passages_fts, 0.0, 1.0) FROM passages_fts "

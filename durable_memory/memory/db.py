@@ -1,5 +1,6 @@
 """The SQL store for diffs, recall and bookkeeping: a SQLite file by default, PostgreSQL by URL."""
 
+import sqlite3
 from typing import Any
 
 from sqlalchemy import Engine, event, text
@@ -13,9 +14,9 @@ from durable_memory.memory import (  # noqa: F401
     summaries,
     turns,
 )
+from durable_memory.memory.fts import create_owned_index
 
-# One FTS5 index holds every user's messages; each row carries its owner as one token (the
-# user id in hex) so that a search matches `owner AND terms` and walks that user's rows only.
+# One FTS5 index for every user's messages, each row with its owner (memory.fts).
 _SQLITE_FTS = [
     """CREATE VIEW IF NOT EXISTS recall_fts_source AS
         SELECT id, hex(user_id) AS owner, content FROM recall_messages""",
@@ -31,12 +32,6 @@ _SQLITE_FTS = [
         VALUES ('delete', old.id, hex(old.user_id), old.content);
     END""",
 ]
-_SQLITE_FTS_BEFORE_OWNER = [
-    "DROP TRIGGER IF EXISTS recall_fts_insert",
-    "DROP TRIGGER IF EXISTS recall_fts_delete",
-    "DROP TABLE recall_fts",
-]
-
 _POSTGRES_FTS = [
     """CREATE INDEX IF NOT EXISTS recall_messages_fts ON recall_messages
        USING gin (to_tsvector('simple', content))""",
@@ -68,19 +63,12 @@ def make_engine(url: str) -> Engine:
             for ddl in _POSTGRES_FTS:
                 conn.execute(text(ddl))
         return engine
-    with engine.connect() as conn:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")  # one process at a time brings the index up
-        try:
-            found = conn.exec_driver_sql(
-                "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'recall_fts'"
-            ).scalar()
-            outdated = found is not None and "owner" not in found
-            for ddl in (_SQLITE_FTS_BEFORE_OWNER if outdated else []) + _SQLITE_FTS:
-                conn.exec_driver_sql(ddl)
-            if outdated:  # rebuilt from the messages; the messages themselves are untouched
-                conn.exec_driver_sql("INSERT INTO recall_fts(recall_fts) VALUES ('rebuild')")
-            conn.exec_driver_sql("COMMIT")
-        except BaseException:
-            conn.exec_driver_sql("ROLLBACK")
-            raise
+    raw = engine.raw_connection()
+    try:
+        db = raw.driver_connection
+        if not isinstance(db, sqlite3.Connection):
+            raise TypeError(f"a sqlite engine gave a {type(db).__name__} connection")
+        create_owned_index(db, "recall_fts", _SQLITE_FTS)
+    finally:
+        raw.close()
     return engine

@@ -14,6 +14,7 @@ from sqlalchemy import select as select_columns
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from durable_memory.memory.errors import DurableMemoryError
+from durable_memory.memory.fts import owner_match
 from durable_memory.memory.ids import validate_user_id
 from durable_memory.models.recall import MessageRole, NewMessage, RecallMessage, RecallPage
 
@@ -199,14 +200,10 @@ class RecallStore:
         if not terms:
             ranked = base.order_by(col(RecallMessageRow.id).desc())
         elif self.engine.dialect.name == "sqlite":
-            # Match and rank once, in the index, among this user's rows only (the owner token
-            # is the user id in hex); then join for the filters. MATERIALIZED keeps SQLite
-            # from probing the index again for every row of the user.
-            match = (
-                f'owner : "{user_id.encode().hex()}" AND content : ('
-                + " AND ".join('"' + t.replace('"', '""') + '"' for t in terms)
-                + ")"
-            )
+            # Match and rank once, in the index, among this user's rows only; then join for
+            # the filters. MATERIALIZED keeps SQLite from probing the index again for every
+            # row of the user.
+            match = owner_match(user_id, "content", terms, "AND")
             hits = (
                 text(
                     "SELECT rowid AS id, bm25(recall_fts, 0.0, 1.0) AS rank FROM recall_fts "
