@@ -243,10 +243,9 @@ class RepoTransaction:
                 return sha
         return None
 
-    def _staged_by_hand(self) -> list[str]:
-        """Block files whose staged content is not HEAD's: someone ran `git add` by hand.
-        Committing now would carry that unvalidated content into memory with our commit."""
-        head = self.snapshot(self.head).blocks if self.head else {}
+    def _staged_by_hand(self, head: Mapping[str, str]) -> list[str]:
+        """Block files whose staged content is not HEAD's (`head`): someone ran `git add` by
+        hand. Committing now would carry that unvalidated content into memory with ours."""
         expected = {f"{BLOCKS_DIR}/{label}.toml": _blob_sha(text) for label, text in head.items()}
         staged = {
             str(path): entry.binsha
@@ -281,14 +280,14 @@ class RepoTransaction:
                     "are not committed; commit them with `dmem import` (validated) or discard "
                     "them with `git checkout`, then try again"
                 )
-        staged = self._staged_by_hand()
+        before = self.snapshot(self.head).blocks if self.head else {}
+        staged = self._staged_by_hand(before)
         if staged:
             raise HandEditPending(
                 f"{', '.join(staged)} of user '{self.user_id}' has changes staged by hand "
                 "(git add) that are not committed; commit them with `dmem import` (validated) "
                 "or unstage them with `git reset`, then try again"
             )
-        before = self.snapshot(self.head).blocks if self.head else {}
         git_dir = Path(self.repo.git_dir)
         journal = git_dir / _JOURNAL_FILE
         journal.write_text("\n".join(changed), encoding="utf-8")
