@@ -53,6 +53,8 @@ def _outcome(diff: PendingDiff, message: str = "") -> DecisionOutcome:
         commit_sha=diff.commit_sha,
         message=message or (diff.decision_reason or ""),
         label=diff.label,
+        decided_by=diff.decided_by,
+        decided_at=diff.decided_at,
     )
 
 

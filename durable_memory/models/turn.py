@@ -1,6 +1,6 @@
 """What crosses the Temporal boundary for turns and rotations: ids and small values only."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Literal
 
@@ -137,6 +137,9 @@ class DiffDecision(BaseModel):
 
 
 class DecisionOutcome(BaseModel):
+    """What became of a diff: its status, the commit (if approved) and who decided it when.
+    A caller whose decision lost a race is told this outcome, never its own as if it won."""
+
     model_config = ConfigDict(frozen=True)
 
     diff_id: str
@@ -144,6 +147,8 @@ class DecisionOutcome(BaseModel):
     commit_sha: str | None = None
     message: str = ""
     label: str | None = None
+    decided_by: str | None = None
+    decided_at: datetime | None = None
 
 
 class TurnOutcome(BaseModel):
