@@ -14,7 +14,7 @@ from durable_memory.memory.git_store import GitBlockStore
 from durable_memory.memory.profiles import load_profile
 from durable_memory.memory.recall import RecallStore
 from durable_memory.memory.service import MemoryService
-from durable_memory.workers.dev_server import temporal_binary
+from durable_memory.workers.dev_server import DEV_SERVER_ARGS, DEV_SERVER_STARTUP, temporal_binary
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
 from tests.postgres import find_pg_bin, running_postgres
 
@@ -27,6 +27,8 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
         search_attributes=SEARCH_ATTRIBUTES,
         data_converter=pydantic_data_converter,
         dev_server_log_level="error",
+        dev_server_extra_args=DEV_SERVER_ARGS,
+        dev_server_startup_timeout=DEV_SERVER_STARTUP,
     )
     yield env
     await env.shutdown()

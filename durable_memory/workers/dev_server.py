@@ -7,6 +7,7 @@ import shutil
 import sys
 import sysconfig
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -14,6 +15,13 @@ from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.config import ConfigError, Settings
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
+
+DEV_SERVER_ARGS = ("--dynamic-config-value", "history.transferProcessorMaxPollRPS=10000")
+"""The dev server has one history shard whose transfer queue is polled at most 20 times a
+second by default: past a burst of 20, every workflow task waits up to 50 ms. Every server we
+start (`dmem dev`, the demo, tests, benchmarks) lifts that cap."""
+DEV_SERVER_STARTUP = timedelta(minutes=1)
+"""The SDK allows 5 s by default; a busy 2-core machine needs more."""
 
 
 def temporal_binary() -> Path:
@@ -67,4 +75,6 @@ async def start_dev_server(
             dev_server_existing_path=str(temporal_binary()),
             dev_server_database_filename=str(database_path(settings)),
             dev_server_log_level=dev.log_level,
+            dev_server_extra_args=DEV_SERVER_ARGS,
+            dev_server_startup_timeout=DEV_SERVER_STARTUP,
         )
