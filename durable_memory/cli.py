@@ -122,7 +122,12 @@ def cmd_edit(args: argparse.Namespace) -> None:
         while True:
             if subprocess.call([*shlex.split(editor), str(path)]) != 0:
                 raise UsageError(f"the editor {editor!r} failed; nothing was changed")
-            edited = path.read_text(encoding="utf-8")
+            try:
+                edited = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as error:
+                raise UsageError(
+                    f"the edited block is not valid UTF-8 (byte {error.start}); nothing was changed"
+                ) from None
             if edited == markdown:
                 print("no change")
                 return

@@ -59,6 +59,8 @@ _JOURNAL_FILE = "dmem-journal"
 _JOURNAL_BASE = "base="
 """The journal's first line: the HEAD a write started from, a known-good commit to go back to."""
 _BRANCH_REF = "refs/heads/main"
+_SET_ASIDE_DIR = "dmem-set-aside"
+"""Where a repair keeps working copies it had to put back (`.git/dmem-set-aside/`)."""
 _SAFE_GIT_CONFIG = [
     # Object files, the index and refs reach the disk before git names them (git >= 2.36):
     # power lost right after a commit leaves the commit, not an empty object file.
@@ -68,6 +70,9 @@ _SAFE_GIT_CONFIG = [
     "core.hooksPath=/dev/null",
     "core.fsmonitor=false",
     "commit.gpgSign=false",
+    # No `gc --auto` after a commit: it would run (or detach) outside the user's lock.
+    "gc.auto=0",
+    "maintenance.auto=false",
 ]
 _AUTHOR_NAME = re.compile(r"[^\x00-\x1f\x7f<>]{1,100}")
 _TRAILER_KEY = re.compile(r"[A-Z][A-Za-z-]{0,39}")
@@ -237,6 +242,27 @@ _UNREADABLE_OBJECT = (ValueError, git.GitError, git.ODBError, zlib.error)
 "missing"), as opposed to our own refusals of what a readable object holds."""
 
 
+def _run_git(
+    repo: git.Repo, lock: int, *args: str, stdin: bytes = b"", env: Mapping[str, str] | None = None
+) -> None:
+    """A git command that writes to the repository, run with the user's lock descriptor passed
+    on: if our process is killed, the git child still running keeps the lock until it exits,
+    so the next writer never "recovers" (removes the lock files of) a write still under way."""
+    command = ["git", *(arg for option in _SAFE_GIT_CONFIG for arg in ("-c", option)), *args]
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    result = subprocess.run(
+        command,
+        cwd=repo.working_tree_dir,
+        input=stdin,
+        capture_output=True,
+        env={**inherited, **(env or {})},
+        pass_fds=(lock,),
+        check=False,
+    )
+    if result.returncode != 0:
+        raise git.GitCommandError(command, result.returncode, result.stderr)
+
+
 class _Unreadable(Exception):
     """HEAD, its ref or an object it needs cannot be read: the repository needs repairing."""
 
@@ -252,11 +278,12 @@ def _read_git_file(git_dir: Path, relative: str) -> str | None:
     return None if data is None else decode_utf8(data, f".git/{relative}")
 
 
-def _write_git_file(git_dir: Path, relative: str, text: str) -> None:
+def _write_git_file(git_dir: Path, relative: str, content: str | bytes) -> None:
     """Replace a file inside `.git` the way git does: `<name>.lock`, fsynced, renamed."""
     *parents, name = relative.split("/")
+    data = content.encode("utf-8") if isinstance(content, str) else content
     with open_dir(git_dir, parents, ".git", create=True) as fd:
-        write_bytes_at(fd, name, text.encode("utf-8"), tmp_suffix=".lock")
+        write_bytes_at(fd, name, data, tmp_suffix=".lock")
 
 
 _REF_NAME = re.compile(r"refs/(?:[A-Za-z0-9_-][A-Za-z0-9._-]*/)*[A-Za-z0-9_-][A-Za-z0-9._-]*")
@@ -377,7 +404,7 @@ def _readable(
 
 
 def _repair(
-    repo: git.Repo, user_id: str, problem: str, base: str | None, cache: "SnapshotCache"
+    repo: git.Repo, lock: int, user_id: str, problem: str, base: str | None, cache: "SnapshotCache"
 ) -> str:
     """Point HEAD's ref at the newest commit whose history is readable, from the reflog or the
     journal's base, and drop the reflog lines and index entries naming lost objects."""
@@ -391,7 +418,7 @@ def _repair(
         _write_git_file(git_dir, "HEAD", f"ref: {ref}\n")
     entries = _reflog(git_dir, ref)
     candidates = [new for _old, new, _line in reversed(entries)] + ([base] if base else [])
-    candidates += [old for old, _new, _line in reversed(entries)]
+    candidates += [old for old, _new, _line in reversed(entries) if old != "0" * 40]
     good = next(
         (sha for sha in dict.fromkeys(candidates) if _readable(repo, user_id, sha, cache)), None
     )
@@ -404,32 +431,28 @@ def _repair(
         _write_git_file(git_dir, ref, f"{good}\n")
     else:
         _write_git_file(git_dir, "HEAD", f"{good}\n")
-    present = _existing_objects(repo, {s for old, new, _ in entries for s in (old, new)})
-    for log_ref in {ref, "HEAD"}:
-        kept = [line for old, new, line in _reflog(git_dir, log_ref) if {old, new} <= present]
+    for log_ref in dict.fromkeys([ref, "HEAD"]):
         if _read_git_file(git_dir, f"logs/{log_ref}") is not None:
+            kept = _reflog_until(_reflog(git_dir, log_ref), good)
             _write_git_file(git_dir, f"logs/{log_ref}", "".join(f"{line}\n" for line in kept))
-    repo.git.reset("--quiet")  # the index may name objects that were lost with the commit
+    # The index may name objects lost with the commits; unreachable now, those commits and
+    # trees still name what is missing (fsck reports them), so they go too.
+    _run_git(repo, lock, "reset", "--quiet")
+    _run_git(repo, lock, "prune", "--expire=now")
     log.warning("user '%s': reset %s to %s, the newest readable commit", user_id, ref, good)
     return good
 
 
-_ZERO_SHA = "0" * 40
-
-
-def _existing_objects(repo: git.Repo, shas: set[str]) -> set[str]:
-    """Which of `shas` exist (plus the all-zero id a reflog uses for "nothing")."""
-    if not shas:
-        return {_ZERO_SHA}
-    listing = subprocess.run(
-        ["git", "cat-file", "--batch-check=%(objectname)"],
-        cwd=repo.git_dir,
-        input="\n".join(sorted(shas)) + "\n",
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout  # "<sha>" for an object that exists, "<sha> missing" for one that does not
-    return {line for line in listing.splitlines() if _FULL_SHA.fullmatch(line)} | {_ZERO_SHA}
+def _reflog_until(entries: list[tuple[str, str, str]], good: str) -> list[str]:
+    """The reflog lines up to the moment the ref was at `good`: the later ones name commits
+    that were lost."""
+    for index in range(len(entries) - 1, -1, -1):
+        old, new, _line = entries[index]
+        if new == good:
+            return [line for _o, _n, line in entries[: index + 1]]
+        if old == good:
+            return [line for _o, _n, line in entries[:index]]
+    return []
 
 
 def _read_journal(git_dir: Path) -> tuple[str | None, list[str]] | None:
@@ -450,6 +473,8 @@ class RepoTransaction:
     """Read-modify-write access to one user's repository while holding its lock."""
 
     repo: git.Repo
+    lock: int
+    """The descriptor holding the user's flock, passed on to the git commands that write."""
     user_id: str
     users_dir: Path
     head: str | None
@@ -583,7 +608,7 @@ class RepoTransaction:
                 write_bytes_at(blocks, f"{label}.toml", text.encode("utf-8"))
         # `git add` as a subprocess (cwd passed to it): GitPython's IndexFile.add chdirs the
         # whole process, which races with threads committing to other users' repositories.
-        self.repo.git.add("--", *(block_path(label) for label in changed))
+        _run_git(self.repo, self.lock, "add", "--", *(block_path(label) for label in changed))
         crash_point(MID_COMMIT)
         # `git commit` rather than GitPython's in-process writer: git fsyncs what it writes
         # (`core.fsync`), so a commit that returned survives a power loss.
@@ -594,18 +619,18 @@ class RepoTransaction:
             "GIT_COMMITTER_NAME": _COMMITTER.name or "",
             "GIT_COMMITTER_EMAIL": _COMMITTER.email or "",
         }
-        with tempfile.TemporaryFile() as message_file:
-            message_file.write(message.encode("utf-8"))
-            message_file.seek(0)
-            self.repo.git.commit(
-                "--quiet",
-                "--no-verify",
-                "--allow-empty",
-                "--cleanup=verbatim",
-                "--file=-",
-                istream=message_file,
-                env=identity,
-            )
+        _run_git(
+            self.repo,
+            self.lock,
+            "commit",
+            "--quiet",
+            "--no-verify",
+            "--allow-empty",
+            "--cleanup=verbatim",
+            "--file=-",
+            stdin=message.encode("utf-8"),
+            env=identity,
+        )
         new = _read_head(git_dir)
         assert new is not None, "git commit returned without a commit"
         (git_dir / _JOURNAL_FILE).unlink()
@@ -704,9 +729,10 @@ class GitBlockStore:
             fcntl.flock(lock, fcntl.LOCK_EX)
             with git.Repo(path) as repo:
                 repo.git.set_persistent_git_options(c=_SAFE_GIT_CONFIG)
-                head = self._recover(repo, user_id)
+                head = self._recover(repo, lock, user_id)
                 yield RepoTransaction(
                     repo=repo,
+                    lock=lock,
                     user_id=user_id,
                     users_dir=self.users_dir,
                     head=head,
@@ -715,7 +741,7 @@ class GitBlockStore:
         finally:
             os.close(lock)  # releases the flock
 
-    def _recover(self, repo: git.Repo, user_id: str) -> str | None:
+    def _recover(self, repo: git.Repo, lock: int, user_id: str) -> str | None:
         """Make the repository usable after a process was killed anywhere in a write; return
         HEAD, verified readable. Runs under the user's lock, so no writer of ours is live:
         git lock files left behind are stale; a journal means our write did not finish."""
@@ -733,27 +759,52 @@ class GitBlockStore:
             ):
                 raise _Unreadable(f"commit {head[:12]} or an object it needs is unreadable")
         except _Unreadable as problem:
-            head = _repair(repo, user_id, str(problem), base, self.cache)
-        if journal is not None:
-            self._roll_back(repo, user_id, head, journal[1])
+            head = _repair(repo, lock, user_id, str(problem), base, self.cache)
+            self._roll_back(repo, lock, user_id, head, None)
+        else:
+            if journal is not None:
+                self._roll_back(repo, lock, user_id, head, journal[1])
         return head
 
-    def _roll_back(self, repo: git.Repo, user_id: str, head: str | None, labels: list[str]) -> None:
-        """Put the block files and index entries an interrupted write touched back to HEAD."""
+    def _roll_back(
+        self,
+        repo: git.Repo,
+        lock: int,
+        user_id: str,
+        head: str | None,
+        labels: list[str] | None,
+    ) -> None:
+        """Put the block files and index entries a write touched back to HEAD: `labels`, the
+        ones an interrupted write names in its journal, or None after a repair, when every block
+        file is, and any that differs from the repaired HEAD (written by a lost commit, or an
+        edit in progress) is first set aside in `.git/dmem-set-aside/` for a person to look at."""
         blocks = _load_snapshot(repo, user_id, head, self.cache).blocks if head else {}
+        set_aside = labels is None
+        shown = f"users/{user_id}/{BLOCKS_DIR}"
+        git_dir = Path(repo.git_dir)
         with open_dir(self.users_dir, [user_id, BLOCKS_DIR], "users", create=True) as fd:
+            if labels is None:
+                on_disk = [_block_label(name) for name in os.listdir(fd)]
+                labels = sorted({*blocks, *(label for label in on_disk if label)})
             for label in labels:
+                name = f"{label}.toml"
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(f"{label}.toml.tmp", dir_fd=fd)
-                if label in blocks:
-                    write_bytes_at(fd, f"{label}.toml", blocks[label].encode("utf-8"))
+                    os.unlink(f"{name}.tmp", dir_fd=fd)
+                current = read_bytes_at(fd, name, f"{shown}/{name}")
+                wanted = blocks[label].encode("utf-8") if label in blocks else None
+                if current == wanted:
+                    continue
+                if current is not None and set_aside:
+                    _write_git_file(git_dir, f"{_SET_ASIDE_DIR}/{name}", current)
+                    log.warning("user '%s': set %s aside in .git/%s", user_id, name, _SET_ASIDE_DIR)
+                if wanted is not None:
+                    write_bytes_at(fd, name, wanted)
                 else:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(f"{label}.toml", dir_fd=fd)
+                    os.unlink(name, dir_fd=fd)
         if head is not None and labels:
-            repo.git.reset("--quiet", "--", *(block_path(label) for label in labels))
-        (Path(repo.git_dir) / _JOURNAL_FILE).unlink()
-        log.warning("user '%s': rolled back an interrupted write of %s", user_id, ", ".join(labels))
+            _run_git(repo, lock, "reset", "--quiet", "--", *(block_path(label) for label in labels))
+        (git_dir / _JOURNAL_FILE).unlink(missing_ok=True)
+        log.warning("user '%s': put %s back as at HEAD", user_id, ", ".join(labels) or "nothing")
 
     def head(self, user_id: str) -> str | None:
         with self.transaction(user_id) as tx:
