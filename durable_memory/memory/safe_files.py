@@ -21,6 +21,7 @@ MAX_FILE_BYTES = 1 << 20
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _KINDS = (
+    (stat.S_ISREG, "a regular file"),
     (stat.S_ISLNK, "a symbolic link"),
     (stat.S_ISDIR, "a directory"),
     (stat.S_ISFIFO, "a FIFO"),
@@ -31,7 +32,7 @@ _KINDS = (
 
 
 def kind_of(mode: int) -> str:
-    """What a file that is not a regular file is, in words."""
+    """What kind of file a mode is, in words."""
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
