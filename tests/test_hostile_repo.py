@@ -101,6 +101,10 @@ def _symlink_outside(path: Path, tmp: Path) -> None:
     _replace(path, lambda link: link.symlink_to(tmp / "outside.toml"))
 
 
+def _invalid_utf8(path: Path, _tmp: Path) -> None:
+    path.write_bytes(b'name = "Al\xffice"\n')
+
+
 def _symlinked_blocks(path: Path, _tmp: Path) -> None:
     os.rename(path.parent, path.parent.with_name("blocks-moved"))
     path.parent.symlink_to(Path("../bob/blocks"))
@@ -124,7 +128,7 @@ WORKING_TREE: dict[str, tuple[Callable[[Path, Path], None], str]] = {
     "device node": (lambda p, _tmp: _replace(p, _mknod_null), "is a character device"),
     "directory": (lambda p, _tmp: _replace(p, lambda q: q.mkdir()), "is a directory"),
     "invalid UTF-8": (
-        lambda p, _tmp: p.write_bytes(b'name = "Al\xffice"\n'),
+        _invalid_utf8,
         "is not valid UTF-8 (byte 10",
     ),
     "symlinked blocks dir": (
@@ -154,10 +158,11 @@ def test_hostile_working_tree_files_are_refused(
     with no_hang():
         # Reads come from HEAD: the file in the working tree is neither read nor followed.
         assert service.read_block("alice", "student").fields["name"] == "Alice"
-        for write in (
+        writes: list[Callable[[], object]] = [
             lambda: service.commit_hand_edits("alice", ALICE),
             lambda: service.edit_block("alice", "student", {"name": "Eve"}, ALICE),
-        ):
+        ]
+        for write in writes:
             with pytest.raises(UnsafeFile) as refused:
                 write()
             assert shown in str(refused.value)

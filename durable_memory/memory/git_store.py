@@ -177,7 +177,7 @@ def _read_tree_blocks(commit: git.Commit) -> tuple[dict[str, str], dict[str, str
         refused[BLOCKS_DIR] = f"{_entry_kind(entry.mode)}, not a directory"
         return blocks, refused
     for item in entry:
-        name = item.path.rsplit("/", 1)[-1]  # a submodule has no `name` without a .gitmodules
+        name = str(item.path).rsplit("/", 1)[-1]  # a submodule has no `name` without a .gitmodules
         path = f"{BLOCKS_DIR}/{name}"
         label = _block_label(name)
         if not isinstance(item, git.Blob) or not stat.S_ISREG(item.mode):
