@@ -43,6 +43,7 @@ from durable_memory.memory.errors import (
 )
 from durable_memory.memory.ids import validate_label, validate_sha, validate_user_id
 from durable_memory.memory.safe_files import (
+    MAX_FILE_BYTES,
     decode_utf8,
     kind_of,
     open_dir,
@@ -184,6 +185,8 @@ def _read_tree_blocks(commit: git.Commit) -> tuple[dict[str, str], dict[str, str
             refused[path] = f"{_entry_kind(item.mode)}, not a regular file"
         elif label is None:
             refused[path] = "not a block file (blocks/<label>.toml)"
+        elif item.size > MAX_FILE_BYTES:
+            refused[path] = f"{item.size} bytes, over {MAX_FILE_BYTES}"
         else:
             try:
                 blocks[label] = decode_utf8(item.data_stream.read(), path)
@@ -348,6 +351,8 @@ def _remove_stale_locks(git_dir: Path, user_id: str) -> bool:
 
 def _loose_object_ok(path: Path, sha: str) -> bool:
     try:
+        if not stat.S_ISREG(path.lstat().st_mode):  # a FIFO there would hang the read
+            return False
         data = zlib.decompress(path.read_bytes())
     except (OSError, zlib.error):
         return False
