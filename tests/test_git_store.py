@@ -490,14 +490,16 @@ def test_a_commit_whose_data_never_reached_the_disk_is_rolled_back(
     assert_fsck_clean(repo)
 
 
-@pytest.mark.parametrize("ref_text", ["", "3f2a9c", "not a sha at all\n"])
+@pytest.mark.parametrize("ref_text", ["", "3f2a9c", "not a sha at all\n", "\udcff\x00\x00"])
 def test_a_torn_ref_file_is_restored_from_the_reflog(
     svc: MemoryService, data_dir: Path, ref_text: str
 ) -> None:
     repo = svc.git.repo_path("alice")
     head = svc.edit_block("alice", "student", {"name": "Alice"}, ALICE)
     history = _git(repo, "rev-list", "HEAD")
-    (repo / ".git" / "refs" / "heads" / "main").write_text(ref_text, encoding="utf-8")
+    (repo / ".git" / "refs" / "heads" / "main").write_bytes(
+        ref_text.encode("utf-8", errors="surrogateescape")
+    )
     restarted = _restarted(svc, data_dir)
     assert restarted.git.head("alice") == head  # nothing lost: the commit itself is intact
     assert _git(repo, "rev-list", "HEAD") == history
@@ -576,3 +578,12 @@ def test_sigkill_at_random_instants_never_leaves_a_repository_unusable(
         assert _git(repo, "status", "--porcelain") == ""
     print(f"{interrupted} of {KILLS} kills interrupted a write")
     assert interrupted > 0
+
+
+def test_a_torn_head_file_is_pointed_back_at_the_branch(svc: MemoryService, data_dir: Path) -> None:
+    repo = svc.git.repo_path("alice")
+    head = svc.git.head("alice")
+    (repo / ".git" / "HEAD").write_bytes(b"ref: refs/he")
+    assert _restarted(svc, data_dir).git.head("alice") == head
+    assert (repo / ".git" / "HEAD").read_text(encoding="utf-8") == "ref: refs/heads/main\n"
+    assert_fsck_clean(repo)

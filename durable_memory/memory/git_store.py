@@ -279,7 +279,9 @@ def _read_git_file(git_dir: Path, relative: str) -> str | None:
             data = read_bytes_at(fd, name, f".git/{relative}")
     except FileNotFoundError:
         return None
-    return None if data is None else decode_utf8(data, f".git/{relative}")
+    # Torn by a crash, it may hold any bytes: every reader matches what it takes against a
+    # strict pattern (hex ids, ref names, labels), so a replaced byte is rejected there.
+    return None if data is None else data.decode("utf-8", errors="replace")
 
 
 def _write_git_file(git_dir: Path, relative: str, content: str | bytes) -> None:
@@ -290,18 +292,13 @@ def _write_git_file(git_dir: Path, relative: str, content: str | bytes) -> None:
         write_bytes_at(fd, name, data, tmp_suffix=".lock")
 
 
-_REF_NAME = re.compile(r"refs/(?:[A-Za-z0-9_-][A-Za-z0-9._-]*/)*[A-Za-z0-9_-][A-Za-z0-9._-]*")
-
-
 def _head_ref(git_dir: Path) -> str:
-    """The ref HEAD names ("HEAD" itself when detached)."""
-    text = (_read_git_file(git_dir, "HEAD") or "").strip()
-    if _FULL_SHA.fullmatch(text):
-        return "HEAD"
-    ref = text.removeprefix("ref: ")
-    if ref == text or not _REF_NAME.fullmatch(ref) or ".." in ref or ref.endswith(".lock"):
-        raise _Unreadable(f".git/HEAD holds {text[:60]!r}, not a ref")
-    return ref
+    """The branch HEAD names: always main. Anything else (torn by a crash, a detached HEAD, a
+    branch switched by hand) is repaired back to it, as memory is main's history."""
+    text = _read_git_file(git_dir, "HEAD") or ""
+    if text.strip() != f"ref: {_BRANCH_REF}":
+        raise _Unreadable(f".git/HEAD holds {text[:60]!r}, not 'ref: {_BRANCH_REF}'")
+    return _BRANCH_REF
 
 
 def _read_head(git_dir: Path) -> str | None:
@@ -417,10 +414,10 @@ def _repair(
     git_dir = Path(repo.git_dir)
     log.warning("user '%s': the repository is damaged (%s); repairing it", user_id, problem)
     _remove_corrupt_objects(git_dir, user_id)
+    ref = _BRANCH_REF
     try:
-        ref = _head_ref(git_dir)
+        _head_ref(git_dir)
     except _Unreadable:
-        ref = _BRANCH_REF
         _write_git_file(git_dir, "HEAD", f"ref: {ref}\n")
     entries = _reflog(git_dir, ref)
     candidates = [new for _old, new, _line in reversed(entries)] + ([base] if base else [])
@@ -433,10 +430,7 @@ def _repair(
             f"the memory of user '{user_id}' is damaged ({problem}) and no earlier commit is "
             f"readable; restore users/{user_id} from a backup"
         )
-    if ref != "HEAD":
-        _write_git_file(git_dir, ref, f"{good}\n")
-    else:
-        _write_git_file(git_dir, "HEAD", f"{good}\n")
+    _write_git_file(git_dir, ref, f"{good}\n")
     for log_ref in dict.fromkeys([ref, "HEAD"]):
         if _read_git_file(git_dir, f"logs/{log_ref}") is not None:
             kept = _reflog_until(_reflog(git_dir, log_ref), good)
