@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from durable_memory.client import MemoryClient, connect_temporal
 from durable_memory.config import Settings, load_settings
-from durable_memory.memory.errors import DurableMemoryError, validation_message
+from durable_memory.memory.errors import DurableMemoryError, UnsafeFile, validation_message
 from durable_memory.memory.git_store import validate_author_name
 from durable_memory.memory.ids import validate_diff_id, validate_label, validate_user_id
 from durable_memory.memory.profiles import load_profile
@@ -133,6 +133,8 @@ def cmd_edit(args: argparse.Namespace) -> None:
                 return
             try:
                 sha = service.edit_markdown(args.user, args.label, edited, _person(args.user))
+            except UnsafeFile:
+                raise  # the repository is at fault, not the edit: editing again cannot help
             except DurableMemoryError as error:
                 if not sys.stdin.isatty():
                     raise
