@@ -51,16 +51,16 @@ def open_dir(
     fd = os.open(base, _DIR_FLAGS)
     try:
         for i, part in enumerate(parts):
-            where = "/".join([shown.rstrip("/"), *parts[: i + 1]]) if shown else "/".join(parts)
             try:
                 if create:
                     with contextlib.suppress(FileExistsError):
                         os.mkdir(part, 0o755, dir_fd=fd)
                 child = os.open(part, _DIR_FLAGS, dir_fd=fd)
             except FileNotFoundError:
-                raise
+                raise  # absent: the caller decides what that means
             except OSError:  # ELOOP (a symlink) or ENOTDIR (a file, a FIFO...): say which
                 mode = os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode
+                where = "/".join([shown, *parts[: i + 1]])
                 raise UnsafeFile(
                     f"{where} is {kind_of(mode)}, not a directory: refused, nothing was read "
                     "from it"
