@@ -8,7 +8,7 @@ results from s*1000+500, and a step-limit note goes to 999000.
 
 from temporalio import activity
 
-from durable_memory.activities.errors import domain_errors
+from durable_memory.activities.errors import classified_errors
 from durable_memory.faults import AFTER_MODEL_CALL, crash_point
 from durable_memory.memory.agent import (
     ChatModel,
@@ -88,7 +88,7 @@ class TurnActivities:
     @activity.defn(name="dmem.prepare_turn")
     def prepare_turn(self, turn: TurnInput) -> PreparedTurn:
         """Record the user's message and compile the context (summarising on overflow)."""
-        with domain_errors():
+        with classified_errors():
             service = self.stack.service
             service.ensure_user(turn.user_id)
             # An approval recorded but not committed when a process died is finished first,
@@ -112,7 +112,7 @@ class TurnActivities:
     @activity.defn(name="dmem.call_model")
     def call_model(self, step: StepInput) -> ModelStepResult:
         """One model call; its reply is stored, so a retry does not call the model again."""
-        with domain_errors():
+        with classified_errors():
             reply = self.turns.reply(step.user_id, step.turn_id, step.step)
             if reply is None:
                 context = self.turns.context(step.user_id, step.turn_id)
@@ -132,7 +132,7 @@ class TurnActivities:
     @activity.defn(name="dmem.run_tools")
     def run_tools(self, step: StepInput) -> ToolStepResult:
         """Execute the tool calls of a step's reply; edits become pending diffs."""
-        with domain_errors():
+        with classified_errors():
             reply = self.turns.reply(step.user_id, step.turn_id, step.step)
             if reply is None:
                 raise DurableMemoryError(f"turn {step.turn_id} step {step.step} has no reply")
@@ -159,7 +159,7 @@ class TurnActivities:
     @activity.defn(name="dmem.finish_turn")
     def finish_turn(self, finish: FinishInput) -> FinishedTurn:
         """Note a step-limit stop in recall; describe the proposed diffs for the reply and UI."""
-        with domain_errors():
+        with classified_errors():
             service = self.stack.service
             if finish.stopped_at_step_limit:
                 note = NewMessage(
@@ -190,7 +190,7 @@ class TurnActivities:
         a loser gets the winner's outcome with a message saying its own was not applied.
         Idempotent: a retry after the decision was recorded (and perhaps committed) finishes
         and returns it instead of failing."""
-        with domain_errors():
+        with classified_errors():
             service = self.stack.service
             diff = service.diffs.get(decision.diff_id, decision.user_id)
             if diff.status is DiffStatus.PENDING:
@@ -226,7 +226,7 @@ class TurnActivities:
     def expire_diffs(self, diff_ids: list[str]) -> list[DecisionOutcome]:
         """Expire a turn's undecided diffs. The ids come from the turn workflow's own state
         (the diffs its activities proposed for its user), never from a caller."""
-        with domain_errors():
+        with classified_errors():
             service = self.stack.service
             outcomes = []
             for diff_id in diff_ids:
@@ -243,5 +243,5 @@ class TurnActivities:
 
     @activity.defn(name="dmem.needs_rotation")
     def needs_rotation(self, candidate: RotationCandidate) -> bool:
-        with domain_errors():
+        with classified_errors():
             return self.stack.rotator.check(candidate.user_id, candidate.label).should_rotate
