@@ -8,7 +8,7 @@ both send turn `t1` never see each other's context or replies.
 Migration: databases made before this keyed the records by turn id alone, in the tables
 `turn_contexts` and `turn_steps`. The tables here have new names with the composite key; when
 one is created and its old table exists, the old rows are copied into it (each old row
-carries its user, so the copy is exact; a row already there is kept) and the old table is
+carries its user, and the old keys are unique, so the copy is exact) and the old table is
 dropped, in the same transaction as the creation. A database is migrated by the first
 `make_engine` that opens it.
 """
@@ -54,12 +54,7 @@ def _adopt_legacy_rows(table: Table, connection: Connection, **_: Any) -> None:
     legacy, columns = _LEGACY_TABLES[table.name]
     if not inspect(connection).has_table(legacy):
         return
-    connection.execute(
-        text(
-            f"INSERT INTO {table.name} ({columns}) SELECT {columns} FROM {legacy} "
-            "ON CONFLICT DO NOTHING"
-        )
-    )
+    connection.execute(text(f"INSERT INTO {table.name} ({columns}) SELECT {columns} FROM {legacy}"))
     connection.execute(text(f"DROP TABLE {legacy}"))
 
 
