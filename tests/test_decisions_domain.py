@@ -199,3 +199,24 @@ def test_an_approval_that_cannot_apply_leaves_the_diff_pending_or_conflicted(
     assert conflicted.commit_sha is None
     assert "not applied" in (conflicted.decision_reason or "")
     assert _diff_id_commits(service, "alice", diff.id) == []
+
+
+def test_an_approval_that_stops_applying_after_its_check_becomes_conflicted(
+    service: MemoryService,
+) -> None:
+    """A change staged by hand (`git add`) is met only by the commit itself, after the
+    approval is recorded: the diff ends conflicted with the reason, never approved alone."""
+    service.ensure_user("alice")
+    diff = service.propose("alice", "human", LearnPreference(preference="Socratic"), "r", "t")
+    repo = service.git.repo_path("alice")
+    block_file = repo / "blocks" / "human.toml"
+    original = block_file.read_bytes()
+    block_file.write_bytes(original + b"\n# a note\n")
+    subprocess.run(["git", "-C", str(repo), "add", "blocks/human.toml"], check=True)
+    block_file.write_bytes(original)
+    head = service.git.head("alice")
+    conflicted = service.approve(diff.id, "ms-rivera", user_id="alice")
+    assert conflicted.status is DiffStatus.CONFLICTED
+    assert "staged by hand" in (conflicted.decision_reason or "")
+    assert service.git.head("alice") == head
+    assert service.diffs.unfinished_approvals("alice") == []

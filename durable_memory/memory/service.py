@@ -22,7 +22,6 @@ from durable_memory.memory.errors import (
     DecisionRefused,
     DiffAlreadyDecided,
     DurableMemoryError,
-    HandEditPending,
     OperationNotApplicable,
     ReadOnlyBlock,
     UnknownBlock,
@@ -442,6 +441,18 @@ class MemoryService:
             raise DurableMemoryError(f"diff {diff_id} is {diff.status.value}, not approved")
         if diff.commit_sha:
             return diff
+        try:
+            return self._commit(diff)
+        except DurableMemoryError as error:
+            if error.retryable:
+                raise
+            # Final, but it cannot be applied (the edit no longer fits the block, the block
+            # was edited by hand since the approval was checked, it left the profile...):
+            # nothing was committed, so the diff says so instead of staying approved.
+            return self._conflicted(diff, str(error))
+
+    def _commit(self, diff: PendingDiff) -> PendingDiff:
+        user_id = diff.user_id
         spec = self.spec(diff.label)
         op = diff.effective_operation
         if isinstance(op, ClearTask) and op.archive:
@@ -451,25 +462,17 @@ class MemoryService:
                 done = tx.find_trailer("Diff-Id", diff.id, since=diff.decided_at)
             if done is not None:
                 return self.diffs.set_commit(diff.id, user_id, done)
-            try:
-                self._archive_task(user_id, spec)
-            except OperationNotApplicable as error:
-                return self._conflicted(diff, str(error))
+            self._archive_task(user_id, spec)
         with self.git.transaction(user_id) as tx:
             existing = tx.find_trailer("Diff-Id", diff.id, since=diff.decided_at)
             if existing is not None:
                 return self.diffs.set_commit(diff.id, user_id, existing)
             head = self._parse(tx, spec)
-            reason = None
             if diff.base_sha is not None and diff.base_sha != tx.head:
                 reason = conflict_reason(spec, self._parse(tx, spec, diff.base_sha), head, op)
-            if reason is None:
-                try:
-                    new = apply_operation(spec, head, op)
-                except (OperationNotApplicable, BlockValidationError) as error:
-                    reason = str(error)
-            if reason is not None:
-                return self._conflicted(diff, reason)
+                if reason is not None:
+                    return self._conflicted(diff, reason)
+            new = apply_operation(spec, head, op)
             trailers = {
                 "Diff-Id": diff.id,
                 "Proposed-By": diff.proposed_by,
@@ -479,12 +482,7 @@ class MemoryService:
             }
             message = format_message(diff.summary or describe(op, diff.label), "", trailers)
             approver = Author(name=diff.decided_by or "unknown", kind=AuthorKind.APPROVER)
-            try:
-                sha = tx.commit(
-                    {diff.label: to_toml(spec, new)}, message, approver, allow_empty=True
-                )
-            except HandEditPending as error:  # edited by hand since the approval was checked
-                return self._conflicted(diff, str(error))
+            sha = tx.commit({diff.label: to_toml(spec, new)}, message, approver, allow_empty=True)
         return self.diffs.set_commit(diff.id, user_id, sha)
 
     def _conflicted(self, diff: PendingDiff, reason: str) -> PendingDiff:
