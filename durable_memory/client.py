@@ -231,7 +231,7 @@ class MemoryClient:
                 raise DecisionRefused(_cause(error)) from None
             raise DiffAlreadyDecided(_cause(error)) from None
         except RPCError as error:
-            current = await asyncio.to_thread(self.stack.service.diffs.get, diff_id)
+            current = await asyncio.to_thread(self.stack.service.diffs.get, diff_id, diff.user_id)
             raise DiffAlreadyDecided(
                 f"diff {diff_id} is already {current.status.value}; its turn is no longer waiting "
                 f"({error.message})"

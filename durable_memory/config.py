@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from durable_memory.memory.errors import DurableMemoryError
 
@@ -54,14 +54,29 @@ def load_config_file(path: Path | None = None) -> dict[str, Any]:
     return data
 
 
+DEFAULT_MAXIMUM_ATTEMPTS = 10
+"""With the default backoff (1 s doubling to 60 s): about four minutes of retrying at most."""
+_FROM_FILE = "settings from a file"
+"""Validation context of load_settings: values a person wrote, not payloads of old workflows."""
+
+
 class RetrySettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     initial_interval_s: float = Field(default=1.0, gt=0)
     backoff: float = Field(default=2.0, ge=1.0)
     maximum_interval_s: float = Field(default=60.0, gt=0)
-    maximum_attempts: int = Field(default=0, ge=0)
-    """0: retry until the activity's schedule-to-close timeout (Temporal's default)."""
+    maximum_attempts: int = Field(default=DEFAULT_MAXIMUM_ATTEMPTS, ge=1)
+    """Attempts in all, the first included. Always finite: no retry may run forever."""
+
+    @field_validator("maximum_attempts", mode="before")
+    @classmethod
+    def _bounded(cls, value: Any, info: ValidationInfo) -> Any:
+        """0 meant "retry forever" before every retry was bounded. Workflows started then
+        carry it in their input: they get the default cap. A config file is refused."""
+        if value == 0 and not (info.context or {}).get(_FROM_FILE):
+            return DEFAULT_MAXIMUM_ATTEMPTS
+        return value
 
 
 class ActivitySettings(BaseModel):
@@ -78,7 +93,7 @@ def _activity(start_to_close_s: float, **retry: float) -> ActivitySettings:
 class ActivitiesSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model_call: ActivitySettings = _activity(120, maximum_attempts=10)
+    model_call: ActivitySettings = _activity(120)
     memory: ActivitySettings = _activity(30)
     commit: ActivitySettings = _activity(60)
     archive: ActivitySettings = _activity(300)
@@ -154,7 +169,7 @@ def load_settings(path: Path | None = None) -> Settings:
                 raise ConfigError(f"{section}: must be a mapping")
             part[key] = os.environ[env]
     try:
-        return Settings.model_validate(raw)
+        return Settings.model_validate(raw, context={_FROM_FILE: True})
     except ValidationError as error:
         first = error.errors()[0]
         key = ".".join(str(p) for p in first["loc"])

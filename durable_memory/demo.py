@@ -219,7 +219,7 @@ async def _session(client: MemoryClient, source: str, say: _Say) -> dict[str, An
         "model": source,
         "user": USER,
         "turns": turns,
-        "diffs": {d: service.diffs.get(d).status.value for d in diff_ids},
+        "diffs": {d: service.diffs.get(d, USER).status.value for d in diff_ids},
         "commits": [c.sha for c in log],
         "rotation": {"commit": rotation.commit_sha, "passages": rotation.passage_ids},
         "search_hits": [h.passage.id for h in hits],

@@ -97,7 +97,7 @@ class Turn:
         return _invalid(lambda t: from_markdown(spec, t), text)
 
     def still_waiting(self) -> None:
-        assert self.rig.stack.service.diffs.get(self.open).status is DiffStatus.PENDING
+        assert self.rig.stack.service.diffs.get(self.open, USER).status is DiffStatus.PENDING
 
 
 @pytest.fixture

@@ -80,7 +80,7 @@ def test_decisions_are_final(svc: MemoryService) -> None:
         svc.approve(diff.id, "carol")
     with pytest.raises(DiffAlreadyDecided):
         svc.reject(diff.id, "carol", "again")
-    assert svc.diffs.get(diff.id).decided_by == "bob"
+    assert svc.diffs.get(diff.id, "alice").decided_by == "bob"
     assert svc.git.head("alice") == head
 
 
@@ -93,14 +93,14 @@ def test_foreign_and_unknown_diffs_are_refused(svc: MemoryService) -> None:
         svc.approve("0" * 32, "bob")
     with pytest.raises(InvalidIdentifier):
         svc.approve("../../etc", "bob")
-    assert svc.diffs.get(diff.id).status is DiffStatus.PENDING
+    assert svc.diffs.get(diff.id, "alice").status is DiffStatus.PENDING
 
 
 def test_newer_proposal_supersedes_older_for_same_block(svc: MemoryService) -> None:
     first = svc.propose("alice", "journey", SetField(field="stage", value="drafting"), "a", TURN)
     other = svc.propose("alice", "student", AddItem(field="goals", value="Study CS"), "b", TURN)
     second = svc.propose("alice", "journey", SetField(field="stage", value="revising"), "c", TURN)
-    old = svc.diffs.get(first.id)
+    old = svc.diffs.get(first.id, "alice")
     assert old.status is DiffStatus.SUPERSEDED
     assert old.superseded_by == second.id
     assert {d.id for d in svc.pending("alice")} == {other.id, second.id}
@@ -165,7 +165,7 @@ def test_invalid_reviewer_edit_changes_nothing(svc: MemoryService) -> None:
     head = svc.git.head("alice")
     with pytest.raises(FormatError, match="line 1"):
         svc.approve(diff.id, "alice", edited_markdown="no front matter")
-    assert svc.diffs.get(diff.id).status is DiffStatus.PENDING
+    assert svc.diffs.get(diff.id, "alice").status is DiffStatus.PENDING
     assert svc.git.head("alice") == head
 
 
@@ -188,7 +188,7 @@ def test_commit_approved_is_idempotent_after_crash(svc: MemoryService) -> None:
     # Simulate the lost DB write: forget the sha, then run the commit step again.
     with svc.diffs.engine.begin() as conn:
         conn.exec_driver_sql("UPDATE pending_diffs SET commit_sha = NULL")
-    again = svc.commit_approved(diff.id)
+    again = svc.commit_approved(diff.id, "alice")
     assert again.commit_sha == approved.commit_sha
     assert len(svc.history("alice", "human", 100)) == commits_before
 
@@ -198,6 +198,6 @@ def test_expire_and_preview(svc: MemoryService) -> None:
     preview = svc.preview(diff.id)
     assert "+Outline essay" in preview
     assert preview.startswith("--- a/human.md\n+++ b/human.md\n")
-    assert svc.expire(diff.id).status is DiffStatus.EXPIRED
+    assert svc.expire(diff.id, "alice").status is DiffStatus.EXPIRED
     with pytest.raises(DiffAlreadyDecided):
         svc.approve(diff.id, "bob")

@@ -102,7 +102,7 @@ async def test_signals_and_expiry(temporal_env: WorkflowEnvironment, tmp_path: P
         assert statuses[first.id] is DiffStatus.APPROVED
         assert [statuses[d.id] for d in reply.diffs[1:]] == [DiffStatus.EXPIRED] * 2
         assert outcome.status == "expired"
-        assert rig.stack.service.diffs.get(reply.diffs[1].id).status is DiffStatus.EXPIRED
+        assert rig.stack.service.diffs.get(reply.diffs[1].id, "alice").status is DiffStatus.EXPIRED
 
 
 async def test_newer_turn_supersedes_and_ends_the_older_wait(
@@ -120,7 +120,10 @@ async def test_newer_turn_supersedes_and_ends_the_older_wait(
         second = await rig.client.send_message("alice", "actually Alice", turn_id="newer")
         older = await turn_outcome(rig.client, "alice", "older")
         assert [d.status for d in older.decisions] == [DiffStatus.SUPERSEDED]
-        assert rig.stack.service.diffs.get(first.diffs[0].id).superseded_by == second.diffs[0].id
+        assert (
+            rig.stack.service.diffs.get(first.diffs[0].id, "alice").superseded_by
+            == second.diffs[0].id
+        )
         await rig.client.approve(second.diffs[0].id, "ms-rivera")
         assert (await turn_outcome(rig.client, "alice", "newer")).status == "done"
 

@@ -1,35 +1,95 @@
-"""Domain errors become Temporal failures once, here: bad input is not retried, a model error
-is retried when the API says it may be (after its retry-after), anything else is retried."""
+"""Every error an activity raises becomes a Temporal failure once, here, in one of three classes:
+
+- domain errors (`DurableMemoryError` whose `retryable` is False: bad input, a decided diff, a
+  model 4xx) fail at once, not retried: a retry would fail the same way;
+- transient errors (a domain error marked `retryable`, a model 429/5xx, SQLite's "database is
+  locked", PostgreSQL's OperationalError, connection refused or reset, a time-out, a git lock
+  held by another process) are retried with the activity's backoff, up to its
+  maximum_attempts (always finite, see config.RetrySettings);
+- anything else (a bug, pydantic's ValidationError, LookupError, ValueError...) is retried a
+  few times, in case it came from a passing state, then fails for good.
+
+Every failure's message is short (under 1 KiB, so an operator never sees only "Failure exceeds
+size limit") and names the activity and the error's type.
+"""
 
 import contextlib
+import sqlite3
 from collections.abc import Iterator
 from datetime import timedelta
 
+import git
+import sqlalchemy.exc
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, FailureError
 
 from durable_memory.faults import crash_point
 from durable_memory.memory.errors import DurableMemoryError
 from durable_memory.memory.llm import ModelCallError
 
+UNKNOWN_ERROR_ATTEMPTS = 3
+"""Attempts an unclassified error gets before its failure is made final."""
+MESSAGE_LIMIT = 1000
+"""Bytes of a failure message (UTF-8), below Temporal's and an operator's patience."""
+
+_SQLITE_BUSY = ("database is locked", "database table is locked", "database is busy")
+_GIT_LOCK_BUSY = (".lock': File exists", "Another git process seems to be running")
+
+
+def short_message(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """`text` cut to at most `limit` UTF-8 bytes, on a character boundary, marked if cut."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    marker = " [truncated]"
+    return data[: limit - len(marker)].decode("utf-8", errors="ignore") + marker
+
+
+def is_transient(error: BaseException) -> bool:
+    """An error that a later attempt of the same work may not meet (see the module doc)."""
+    if isinstance(error, DurableMemoryError):
+        return error.retryable
+    if isinstance(error, ConnectionError | TimeoutError | sqlalchemy.exc.TimeoutError):
+        return True
+    if isinstance(error, sqlalchemy.exc.DBAPIError) and error.connection_invalidated:
+        return True
+    if isinstance(error, sqlalchemy.exc.OperationalError):
+        if isinstance(error.orig, sqlite3.OperationalError):  # also "no such table": a bug
+            return any(busy in str(error.orig) for busy in _SQLITE_BUSY)
+        return True  # PostgreSQL: connection lost or refused, serialization failure
+    if isinstance(error, git.GitCommandError):
+        return any(busy in str(error.stderr) for busy in _GIT_LOCK_BUSY)
+    return False
+
+
+def to_failure(error: Exception, activity_type: str, attempt: int) -> ApplicationError:
+    """The ApplicationError that reports `error` from attempt `attempt` of an activity."""
+    kind = type(error).__name__
+    message = short_message(f"{activity_type} failed: {kind}: {error}")
+    if isinstance(error, ModelCallError) and error.retryable and error.retry_after is not None:
+        delay = timedelta(seconds=error.retry_after)
+        return ApplicationError(message, type=kind, non_retryable=False, next_retry_delay=delay)
+    if isinstance(error, DurableMemoryError) or is_transient(error):
+        return ApplicationError(message, type=kind, non_retryable=not is_transient(error))
+    final = attempt >= UNKNOWN_ERROR_ATTEMPTS
+    if final:
+        message = short_message(
+            f"{activity_type} failed on attempt {attempt}, not retried again: {kind}: {error}"
+        )
+    return ApplicationError(message, type=kind, non_retryable=final)
+
 
 @contextlib.contextmanager
-def domain_errors() -> Iterator[None]:
-    """Wraps every activity body: maps domain errors, and marks the activity's boundaries as
-    the crash points `before:<activity>` and `after:<activity>` (see faults.py)."""
-    name = activity.info().activity_type
-    crash_point(f"before:{name}")
+def classified_errors() -> Iterator[None]:
+    """Wraps every activity body: classifies its errors (see the module doc), and marks the
+    activity's boundaries as the crash points `before:<activity>` and `after:<activity>`
+    (see faults.py)."""
+    info = activity.info()
+    crash_point(f"before:{info.activity_type}")
     try:
         yield
-    except ModelCallError as error:
-        raise ApplicationError(
-            str(error),
-            type="ModelCallError",
-            non_retryable=not error.retryable,
-            next_retry_delay=(
-                timedelta(seconds=error.retry_after) if error.retry_after is not None else None
-            ),
-        ) from None
-    except DurableMemoryError as error:
-        raise ApplicationError(str(error), type=type(error).__name__, non_retryable=True) from None
-    crash_point(f"after:{name}")
+    except FailureError:  # already a Temporal failure (or the activity's cancellation)
+        raise
+    except Exception as error:
+        raise to_failure(error, info.activity_type, info.attempt) from None
+    crash_point(f"after:{info.activity_type}")

@@ -3,7 +3,7 @@ each step re-derives the plan from it, and each step is idempotent (see memory/r
 
 from temporalio import activity
 
-from durable_memory.activities.errors import domain_errors
+from durable_memory.activities.errors import classified_errors
 from durable_memory.faults import AFTER_ARCHIVE, crash_point
 from durable_memory.memory.errors import DurableMemoryError
 from durable_memory.memory.rotation import RotationPlan
@@ -30,7 +30,7 @@ class RotationActivities:
 
     @activity.defn(name="dmem.plan_rotation")
     def plan_rotation(self, request: RotationInput) -> RotationTicket | None:
-        with domain_errors():
+        with classified_errors():
             plan = self.stack.rotator.plan(request.user_id, request.label, force=request.force)
             if plan is None:
                 return None
@@ -45,20 +45,20 @@ class RotationActivities:
 
     @activity.defn(name="dmem.archive_rotation")
     def archive_rotation(self, ticket: RotationTicket) -> list[str]:
-        with domain_errors():
+        with classified_errors():
             ids = self.stack.rotator.archive_step(self._plan(ticket))
             crash_point(AFTER_ARCHIVE)
             return ids
 
     @activity.defn(name="dmem.commit_rotation")
     def commit_rotation(self, commit: RotationCommit) -> str | None:
-        with domain_errors():
+        with classified_errors():
             return self.stack.rotator.commit_step(self._plan(commit.ticket), commit.passage_ids)
 
     @activity.defn(name="dmem.rotation_candidates")
     def rotation_candidates(self) -> list[RotationCandidate]:
         """Every user's blocks over their threshold (the adaptive strategy learns from it)."""
-        with domain_errors():
+        with classified_errors():
             found = []
             for user_id in self.stack.service.git.users():
                 for spec in self.stack.service.profile.blocks:

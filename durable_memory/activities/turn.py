@@ -8,7 +8,7 @@ results from s*1000+500, and a step-limit note goes to 999000.
 
 from temporalio import activity
 
-from durable_memory.activities.errors import domain_errors
+from durable_memory.activities.errors import classified_errors
 from durable_memory.faults import AFTER_MODEL_CALL, crash_point
 from durable_memory.memory.agent import (
     ChatModel,
@@ -19,7 +19,7 @@ from durable_memory.memory.agent import (
     step_limit_note,
 )
 from durable_memory.memory.context import to_chat_messages
-from durable_memory.memory.errors import DurableMemoryError
+from durable_memory.memory.errors import DiffAlreadyDecided, DurableMemoryError
 from durable_memory.memory.stack import MemoryStack
 from durable_memory.memory.turns import TurnStore
 from durable_memory.models.diffs import DiffStatus, PendingDiff
@@ -58,6 +58,27 @@ def _outcome(diff: PendingDiff, message: str = "") -> DecisionOutcome:
     )
 
 
+_DECIDED_AS = {
+    "approve": {DiffStatus.APPROVED, DiffStatus.CONFLICTED},
+    "reject": {DiffStatus.REJECTED},
+}
+"""The statuses a decision leaves a diff in (an approval that stopped applying: conflicted)."""
+
+
+def _is_own(diff: PendingDiff, decision: DiffDecision) -> bool:
+    return diff.decided_by == decision.approver and diff.status in _DECIDED_AS[decision.decision]
+
+
+def _lost_message(diff: PendingDiff, decision: DiffDecision) -> str:
+    who = f" by {diff.decided_by}" if diff.decided_by else ""
+    when = f" at {diff.decided_at.isoformat()}" if diff.decided_at else ""
+    why = f" ({diff.decision_reason})" if diff.decision_reason else ""
+    return (
+        f"not applied: {decision.approver}'s {decision.decision} lost; diff {diff.id} was "
+        f"already {diff.status.value}{who}{when}{why}"
+    )
+
+
 class TurnActivities:
     def __init__(self, stack: MemoryStack, model: ChatModel, turns: TurnStore) -> None:
         self.stack = stack
@@ -67,9 +88,12 @@ class TurnActivities:
     @activity.defn(name="dmem.prepare_turn")
     def prepare_turn(self, turn: TurnInput) -> PreparedTurn:
         """Record the user's message and compile the context (summarising on overflow)."""
-        with domain_errors():
+        with classified_errors():
             service = self.stack.service
             service.ensure_user(turn.user_id)
+            # An approval recorded but not committed when a process died is finished first,
+            # so no diff stays approved without its commit once the user is back.
+            service.finish_approvals(turn.user_id)
             service.recall.append(
                 turn.user_id,
                 turn.turn_id,
@@ -88,10 +112,10 @@ class TurnActivities:
     @activity.defn(name="dmem.call_model")
     def call_model(self, step: StepInput) -> ModelStepResult:
         """One model call; its reply is stored, so a retry does not call the model again."""
-        with domain_errors():
-            reply = self.turns.reply(step.turn_id, step.step)
+        with classified_errors():
+            reply = self.turns.reply(step.user_id, step.turn_id, step.step)
             if reply is None:
-                context = self.turns.context(step.turn_id)
+                context = self.turns.context(step.user_id, step.turn_id)
                 earlier = self.stack.service.recall.turn(step.user_id, step.turn_id, STEP_SEQ)
                 messages = context.messages + to_chat_messages(earlier, start_with_user=False)
                 settings = self.stack.service.profile.model
@@ -108,8 +132,8 @@ class TurnActivities:
     @activity.defn(name="dmem.run_tools")
     def run_tools(self, step: StepInput) -> ToolStepResult:
         """Execute the tool calls of a step's reply; edits become pending diffs."""
-        with domain_errors():
-            reply = self.turns.reply(step.turn_id, step.step)
+        with classified_errors():
+            reply = self.turns.reply(step.user_id, step.turn_id, step.step)
             if reply is None:
                 raise DurableMemoryError(f"turn {step.turn_id} step {step.step} has no reply")
             results, diff_ids = run_tools(self.stack.tools, step.user_id, step.turn_id, reply)
@@ -128,27 +152,27 @@ class TurnActivities:
                         else None
                     ),
                 )
-                for d in self.stack.service.diffs.superseded_by(diff_ids)
+                for d in self.stack.service.diffs.superseded_by(step.user_id, diff_ids)
             ]
             return ToolStepResult(diff_ids=diff_ids, superseded=superseded)
 
     @activity.defn(name="dmem.finish_turn")
     def finish_turn(self, finish: FinishInput) -> FinishedTurn:
         """Note a step-limit stop in recall; describe the proposed diffs for the reply and UI."""
-        with domain_errors():
+        with classified_errors():
             service = self.stack.service
             if finish.stopped_at_step_limit:
                 note = NewMessage(
                     role=MessageRole.ASSISTANT, content=step_limit_note(finish.max_steps)
                 )
                 service.recall.append(finish.user_id, finish.turn_id, [note], first_seq=NOTE_SEQ)
-            diffs = [service.diffs.get(d) for d in finish.diff_ids]
+            diffs = [service.diffs.get(d, finish.user_id) for d in finish.diff_ids]
             lines = ["### Proposed memory edits", ""]
             for diff in diffs:
                 lines.append(f"- `{diff.id}` **{diff.summary}** ({diff.status.value})")
                 if diff.status is DiffStatus.PENDING:
                     lines.append(f"  > {diff.reasoning}" if diff.reasoning else "")
-                    lines.append("```diff\n" + service.preview(diff.id) + "```")
+                    lines.append("```diff\n" + service.preview(diff.id, finish.user_id) + "```")
             details = "\n".join(lines)
             if len(details) > DETAILS_LIMIT:
                 details = details[:DETAILS_LIMIT] + "\n\n(truncated; `dmem diffs USER` shows all)"
@@ -162,47 +186,62 @@ class TurnActivities:
 
     @activity.defn(name="dmem.decide")
     def decide(self, decision: DiffDecision) -> DecisionOutcome:
-        """Apply a human decision. Idempotent: a retry after the decision was recorded (and
-        perhaps committed) completes or returns it instead of failing."""
-        with domain_errors():
+        """Apply a human decision and answer the truth. Exactly one decision on a diff wins;
+        a loser gets the winner's outcome with a message saying its own was not applied.
+        Idempotent: a retry after the decision was recorded (and perhaps committed) finishes
+        and returns it instead of failing."""
+        with classified_errors():
             service = self.stack.service
             diff = service.diffs.get(decision.diff_id, decision.user_id)
             if diff.status is DiffStatus.PENDING:
-                if decision.decision == "approve":
-                    diff = service.approve(
-                        diff.id,
-                        decision.approver,
-                        user_id=decision.user_id,
-                        edited_markdown=decision.edited_markdown,
-                        note=decision.reason,
-                    )
-                else:
-                    diff = service.reject(
-                        diff.id,
-                        decision.approver,
-                        decision.reason or "rejected",
-                        user_id=decision.user_id,
-                    )
+                try:
+                    return _outcome(self._apply(decision))
+                except DiffAlreadyDecided as lost:
+                    diff = lost.diff or service.diffs.get(decision.diff_id, decision.user_id)
+            if diff.status is DiffStatus.APPROVED and diff.commit_sha is None:
+                # Whoever approved it, the approval is final: finish its commit (idempotent).
+                diff = service.commit_approved(diff.id, diff.user_id)
+            if _is_own(diff, decision):  # this activity's earlier attempt decided it
                 return _outcome(diff)
-            same = diff.decided_by == decision.approver
-            if diff.status is DiffStatus.APPROVED and same and decision.decision == "approve":
-                return _outcome(service.commit_approved(diff.id))
-            if diff.status is DiffStatus.REJECTED and same and decision.decision == "reject":
-                return _outcome(diff)
-            return _outcome(diff, f"already {diff.status.value}: {diff.decision_reason or ''}")
+            return _outcome(diff, _lost_message(diff, decision))
+
+    def _apply(self, decision: DiffDecision) -> PendingDiff:
+        service = self.stack.service
+        if decision.decision == "approve":
+            return service.approve(
+                decision.diff_id,
+                decision.approver,
+                user_id=decision.user_id,
+                edited_markdown=decision.edited_markdown,
+                note=decision.reason,
+            )
+        return service.reject(
+            decision.diff_id,
+            decision.approver,
+            decision.reason or "rejected",
+            user_id=decision.user_id,
+        )
 
     @activity.defn(name="dmem.expire_diffs")
     def expire_diffs(self, diff_ids: list[str]) -> list[DecisionOutcome]:
-        with domain_errors():
+        """Expire a turn's undecided diffs. The ids come from the turn workflow's own state
+        (the diffs its activities proposed for its user), never from a caller."""
+        with classified_errors():
+            service = self.stack.service
             outcomes = []
             for diff_id in diff_ids:
-                diff = self.stack.service.diffs.get(diff_id)
+                diff = service.diffs.get(diff_id, None)
                 if diff.status is DiffStatus.PENDING:
-                    diff = self.stack.service.expire(diff_id)
+                    try:
+                        diff = service.expire(diff_id, diff.user_id)
+                    except DiffAlreadyDecided as lost:  # decided in the meantime
+                        diff = lost.diff or diff
+                if diff.status is DiffStatus.APPROVED and diff.commit_sha is None:
+                    diff = service.commit_approved(diff_id, diff.user_id)
                 outcomes.append(_outcome(diff))
             return outcomes
 
     @activity.defn(name="dmem.needs_rotation")
     def needs_rotation(self, candidate: RotationCandidate) -> bool:
-        with domain_errors():
+        with classified_errors():
             return self.stack.rotator.check(candidate.user_id, candidate.label).should_rotate

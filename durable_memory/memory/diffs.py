@@ -1,5 +1,8 @@
 """SQL storage of pending diffs. Status changes are compare-and-set, so two deciders of one
-diff cannot both win."""
+diff cannot both win; the loser is told the winner's outcome.
+
+Diff ids may be chosen by callers, so every read and write names the user as well: a diff of
+another user is reported exactly like a missing one."""
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -117,23 +120,31 @@ class DiffStore:
             session.commit()
             return list(older)
 
-    def find(self, diff_id: str) -> PendingDiff | None:
+    def find(self, diff_id: str, user_id: str) -> PendingDiff | None:
+        """The user's diff, or None (also when the id belongs to another user's diff)."""
         with Session(self.engine) as session:
             row = session.get(PendingDiffRow, validate_diff_id(diff_id))
-            return _to_model(row) if row else None
+            return _to_model(row) if row is not None and row.user_id == user_id else None
 
-    def superseded_by(self, diff_ids: list[str]) -> list[PendingDiff]:
-        """The diffs that the given (newer) diffs superseded."""
+    def superseded_by(self, user_id: str, diff_ids: list[str]) -> list[PendingDiff]:
+        """The user's diffs that the given (newer) diffs of theirs superseded."""
         if not diff_ids:
             return []
         with Session(self.engine) as session:
             rows = session.exec(
-                select(PendingDiffRow).where(col(PendingDiffRow.superseded_by).in_(diff_ids))
+                select(PendingDiffRow).where(
+                    PendingDiffRow.user_id == user_id,
+                    col(PendingDiffRow.superseded_by).in_(diff_ids),
+                )
             ).all()
             return [_to_model(r) for r in rows]
 
-    def get(self, diff_id: str, user_id: str | None = None) -> PendingDiff:
-        """The diff; a diff of another user is reported exactly like a missing one."""
+    def get(self, diff_id: str, user_id: str | None) -> PendingDiff:
+        """The diff; a diff of another user is reported exactly like a missing one.
+
+        `user_id=None` looks the id up across users: only for an operator's tool that is given
+        a bare diff id (`dmem approve DIFF`); everything acting for a user names the user.
+        """
         validate_diff_id(diff_id)
         with Session(self.engine) as session:
             row = session.get(PendingDiffRow, diff_id)
@@ -141,6 +152,17 @@ class DiffStore:
                 owner = f" for user '{user_id}'" if user_id is not None else ""
                 raise UnknownDiff(f"no diff {diff_id}{owner}")
             return _to_model(row)
+
+    def unfinished_approvals(self, user_id: str) -> list[PendingDiff]:
+        """The user's diffs approved but not yet committed: a decision interrupted by a crash
+        (or by a failure that outlasted its retries) between recording and committing."""
+        query = select(PendingDiffRow).where(
+            PendingDiffRow.user_id == user_id,
+            PendingDiffRow.status == DiffStatus.APPROVED.value,
+            col(PendingDiffRow.commit_sha).is_(None),
+        )
+        with Session(self.engine) as session:
+            return [_to_model(row) for row in session.exec(query).all()]
 
     def list(
         self,
@@ -162,13 +184,15 @@ class DiffStore:
     def transition(
         self,
         diff_id: str,
+        user_id: str,
         expected: DiffStatus,
         new: DiffStatus,
         *,
         edited_operation: EditOperation | None = None,
         **values: Any,
     ) -> PendingDiff:
-        """Move a diff from `expected` to `new` atomically; anything else is DiffAlreadyDecided."""
+        """Move the user's diff from `expected` to `new` atomically (compare-and-set). Any
+        other status raises DiffAlreadyDecided carrying the diff as it really is."""
         if edited_operation is not None:
             values["edited_operation"] = _OPERATION.dump_json(edited_operation).decode()
         if isinstance(values.get("decided_at"), datetime):
@@ -178,29 +202,33 @@ class DiffStore:
                 update(PendingDiffRow)
                 .where(
                     col(PendingDiffRow.id) == diff_id,
+                    col(PendingDiffRow.user_id) == user_id,
                     col(PendingDiffRow.status) == expected.value,
                 )
                 .values(status=new.value, **values)
             )
             session.commit()
             changed = getattr(result, "rowcount", 0)
-        diff = self.get(diff_id)
+        diff = self.get(diff_id, user_id)
         if not changed:
-            who = f" by {diff.decided_by}" if diff.decided_by else ""
-            raise DiffAlreadyDecided(
-                f"diff {diff_id} is already {diff.status.value}{who}; decisions are final"
-            )
+            raise DiffAlreadyDecided.about(diff)
         return diff
 
-    def set_commit(self, diff_id: str, sha: str) -> PendingDiff:
+    def set_commit(self, diff_id: str, user_id: str, sha: str) -> PendingDiff:
+        """Record the commit of an approved diff, once: a diff that has one keeps it."""
         with Session(self.engine) as session:
             session.execute(
                 update(PendingDiffRow)
-                .where(col(PendingDiffRow.id) == diff_id)
+                .where(
+                    col(PendingDiffRow.id) == diff_id,
+                    col(PendingDiffRow.user_id) == user_id,
+                    col(PendingDiffRow.status) == DiffStatus.APPROVED.value,
+                    col(PendingDiffRow.commit_sha).is_(None),
+                )
                 .values(commit_sha=sha)
             )
             session.commit()
-        return self.get(diff_id)
+        return self.get(diff_id, user_id)
 
 
 def now() -> datetime:

@@ -2,9 +2,18 @@
 
 from pydantic import ValidationError
 
+from durable_memory.models.diffs import PendingDiff
+
 
 class DurableMemoryError(Exception):
-    """Base of every user-facing error raised by the memory core."""
+    """Base of every user-facing error raised by the memory core.
+
+    `retryable` says whether trying the same thing again may succeed without anyone changing
+    anything (a lock held by a live writer, say). Most domain errors are about the input and
+    stay False: a retry would only fail the same way.
+    """
+
+    retryable: bool = False
 
 
 class InvalidIdentifier(DurableMemoryError):
@@ -58,7 +67,17 @@ class UnknownDiff(DurableMemoryError):
 
 
 class DiffAlreadyDecided(DurableMemoryError):
-    """A decision on a diff that is no longer pending."""
+    """A decision on a diff that is no longer pending. `diff` is the diff as it really is
+    (who decided it, when, and its commit), so a loser of a race is told the truth."""
+
+    def __init__(self, message: str, diff: PendingDiff | None = None) -> None:
+        super().__init__(message)
+        self.diff = diff
+
+    @classmethod
+    def about(cls, diff: PendingDiff) -> "DiffAlreadyDecided":
+        who = f" by {diff.decided_by}" if diff.decided_by else ""
+        return cls(f"diff {diff.id} is already {diff.status.value}{who}; decisions are final", diff)
 
 
 class DecisionRefused(DurableMemoryError):

@@ -19,6 +19,8 @@ from durable_memory.memory.blocks import default_fields, render_value, validate_
 from durable_memory.memory.diffs import DiffStore
 from durable_memory.memory.errors import (
     BlockValidationError,
+    DecisionRefused,
+    DiffAlreadyDecided,
     DurableMemoryError,
     OperationNotApplicable,
     ReadOnlyBlock,
@@ -296,7 +298,7 @@ class MemoryService:
         returns the diff already stored under it: a retried activity creates nothing new.
         """
         if diff_id is not None:
-            existing = self.diffs.find(diff_id)
+            existing = self.diffs.find(diff_id, user_id)
             if existing is not None:
                 return existing
         spec = self.spec(label)
@@ -344,14 +346,24 @@ class MemoryService:
         note: str | None = None,
     ) -> PendingDiff:
         """Record the approval, then commit it. A reviewer's edit (the whole block as Markdown)
-        replaces the proposal; the commit names both the proposer and the approver."""
+        replaces the proposal; the commit names both the proposer and the approver.
+
+        Exactly one decision on a diff wins (compare-and-set); a loser gets DiffAlreadyDecided
+        carrying the winner's outcome. An approval that cannot be applied leaves the diff
+        pending with DecisionRefused (a reviewer's edit that is invalid or over the limit, a
+        block file changed by hand), or, if it stops applying after it was recorded, marks it
+        conflicted with the reason: it is never left approved without a commit, except for
+        the instant between recording and committing, which `commit_approved` finishes.
+        """
         validate_author_name(approver)
-        diff = self.diffs.get(diff_id, user_id)
+        diff = self._pending(diff_id, user_id)
         edited = None
         if edited_markdown is not None:
             edited = self._edited_operation(diff, edited_markdown)
-        self.diffs.transition(
-            diff_id,
+        self._refuse_unappliable(diff, edited)
+        approved = self.diffs.transition(
+            diff.id,
+            diff.user_id,
             DiffStatus.PENDING,
             DiffStatus.APPROVED,
             edited_operation=edited,
@@ -359,7 +371,34 @@ class MemoryService:
             decided_at=datetime.now(UTC),
             decision_reason=note,
         )
-        return self.commit_approved(diff_id)
+        return self.commit_approved(approved.id, approved.user_id)
+
+    def _pending(self, diff_id: str, user_id: str | None) -> PendingDiff:
+        """The diff, if it still awaits a decision; else DiffAlreadyDecided with its outcome."""
+        diff = self.diffs.get(diff_id, user_id)
+        if diff.status is not DiffStatus.PENDING:
+            raise DiffAlreadyDecided.about(diff)
+        return diff
+
+    def _refuse_unappliable(self, diff: PendingDiff, edited: EditOperation | None) -> None:
+        """Refuse, before anything is recorded, an approval that could not be committed now."""
+        spec = self.spec(diff.label)
+        with self.git.transaction(diff.user_id) as tx:
+            on_disk = tx.working_copy(spec.label)
+            if on_disk is not None and on_disk != tx.read(spec.label):
+                raise DecisionRefused(
+                    f"diff {diff.id} was not approved: {block_path(spec.label)} of user "
+                    f"'{diff.user_id}' has changes made by hand that are not committed; import "
+                    "them (`dmem import`) or discard them, then decide again"
+                )
+            if edited is not None:
+                try:
+                    apply_operation(spec, self._parse(tx, spec), edited)
+                except (OperationNotApplicable, BlockValidationError) as error:
+                    raise DecisionRefused(
+                        f"diff {diff.id} was not approved: the reviewer's edit cannot be "
+                        f"applied: {error}"
+                    ) from None
 
     def reject(
         self, diff_id: str, approver: str, reason: str, *, user_id: str | None = None
@@ -367,9 +406,10 @@ class MemoryService:
         validate_author_name(approver)
         if not reason.strip():
             raise DurableMemoryError("a rejection needs a reason")
-        self.diffs.get(diff_id, user_id)
+        diff = self._pending(diff_id, user_id)
         return self.diffs.transition(
-            diff_id,
+            diff.id,
+            diff.user_id,
             DiffStatus.PENDING,
             DiffStatus.REJECTED,
             decided_by=approver,
@@ -377,9 +417,10 @@ class MemoryService:
             decision_reason=reason.strip(),
         )
 
-    def expire(self, diff_id: str) -> PendingDiff:
+    def expire(self, diff_id: str, user_id: str) -> PendingDiff:
         return self.diffs.transition(
             diff_id,
+            user_id,
             DiffStatus.PENDING,
             DiffStatus.EXPIRED,
             decided_by="durable-memory",
@@ -387,38 +428,53 @@ class MemoryService:
             decision_reason="not decided before the approval time-to-live ran out",
         )
 
-    def commit_approved(self, diff_id: str) -> PendingDiff:
+    def finish_approvals(self, user_id: str) -> list[PendingDiff]:
+        """Commit (or mark conflicted) every approval of the user that was recorded but not
+        committed, e.g. because the process died in between. Cheap when there is none."""
+        return [
+            self.commit_approved(d.id, user_id) for d in self.diffs.unfinished_approvals(user_id)
+        ]
+
+    def commit_approved(self, diff_id: str, user_id: str) -> PendingDiff:
         """Commit an approved diff. Idempotent: a retry after a crash finds the commit carrying
         its Diff-Id trailer and returns it; a diff that no longer applies becomes conflicted."""
-        diff = self.diffs.get(diff_id)
+        diff = self.diffs.get(diff_id, user_id)
         if diff.status is not DiffStatus.APPROVED:
             raise DurableMemoryError(f"diff {diff_id} is {diff.status.value}, not approved")
         if diff.commit_sha:
             return diff
+        try:
+            return self._commit(diff)
+        except DurableMemoryError as error:
+            if error.retryable:
+                raise
+            # Final, but it cannot be applied (the edit no longer fits the block, the block
+            # was edited by hand since the approval was checked, it left the profile...):
+            # nothing was committed, so the diff says so instead of staying approved.
+            return self._conflicted(diff, str(error))
+
+    def _commit(self, diff: PendingDiff) -> PendingDiff:
+        user_id = diff.user_id
         spec = self.spec(diff.label)
         op = diff.effective_operation
         if isinstance(op, ClearTask) and op.archive:
-            self._archive_task(diff.user_id, spec)
-        with self.git.transaction(diff.user_id) as tx:
+            # Archived before the commit (archiving is idempotent by its key); but a retry
+            # after the commit must not archive again: the task is cleared by then.
+            with self.git.transaction(user_id) as tx:
+                done = tx.find_trailer("Diff-Id", diff.id, since=diff.decided_at)
+            if done is not None:
+                return self.diffs.set_commit(diff.id, user_id, done)
+            self._archive_task(user_id, spec)
+        with self.git.transaction(user_id) as tx:
             existing = tx.find_trailer("Diff-Id", diff.id, since=diff.decided_at)
             if existing is not None:
-                return self.diffs.set_commit(diff.id, existing)
+                return self.diffs.set_commit(diff.id, user_id, existing)
             head = self._parse(tx, spec)
-            reason = None
             if diff.base_sha is not None and diff.base_sha != tx.head:
                 reason = conflict_reason(spec, self._parse(tx, spec, diff.base_sha), head, op)
-            if reason is None:
-                try:
-                    new = apply_operation(spec, head, op)
-                except (OperationNotApplicable, BlockValidationError) as error:
-                    reason = str(error)
-            if reason is not None:
-                return self.diffs.transition(
-                    diff.id,
-                    DiffStatus.APPROVED,
-                    DiffStatus.CONFLICTED,
-                    decision_reason=f"not applied, memory unchanged: {reason}",
-                )
+                if reason is not None:
+                    return self._conflicted(diff, reason)
+            new = apply_operation(spec, head, op)
             trailers = {
                 "Diff-Id": diff.id,
                 "Proposed-By": diff.proposed_by,
@@ -429,7 +485,16 @@ class MemoryService:
             message = format_message(diff.summary or describe(op, diff.label), "", trailers)
             approver = Author(name=diff.decided_by or "unknown", kind=AuthorKind.APPROVER)
             sha = tx.commit({diff.label: to_toml(spec, new)}, message, approver, allow_empty=True)
-        return self.diffs.set_commit(diff.id, sha)
+        return self.diffs.set_commit(diff.id, user_id, sha)
+
+    def _conflicted(self, diff: PendingDiff, reason: str) -> PendingDiff:
+        return self.diffs.transition(
+            diff.id,
+            diff.user_id,
+            DiffStatus.APPROVED,
+            DiffStatus.CONFLICTED,
+            decision_reason=f"not applied, memory unchanged: {reason}",
+        )
 
     def preview(self, diff_id: str, user_id: str | None = None) -> str:
         """The diff as a unified diff of the block's Markdown form, against the current HEAD."""

@@ -1,10 +1,22 @@
 """What a turn keeps between its Temporal activities: the compiled context and each model
-reply, stored by (turn, step) so that a retried activity reuses them instead of calling the
-model again (a retry must not change what the model said, nor pay for it twice)."""
+reply, stored by (user, turn, step) so that a retried activity reuses them instead of calling
+the model again (a retry must not change what the model said, nor pay for it twice).
+
+Turn ids are chosen by callers, so every record is keyed by its user as well: two users who
+both send turn `t1` never see each other's context or replies.
+
+Migration: databases made before this keyed the records by turn id alone, in the tables
+`turn_contexts` and `turn_steps`. The tables here have new names with the composite key; when
+one is created and its old table exists, the old rows are copied into it (each old row
+carries its user, and the old keys are unique, so the copy is exact) and the old table is
+dropped, in the same transaction as the creation. A database is migrated by the first
+`make_engine` that opens it.
+"""
 
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine, Table, event, inspect, text
 from sqlmodel import Field, Session, SQLModel
 
 from durable_memory.memory.context import CompiledContext
@@ -12,22 +24,42 @@ from durable_memory.models.llm import ModelReply
 
 
 class TurnContextRow(SQLModel, table=True):
-    __tablename__ = "turn_contexts"
+    __tablename__ = "user_turn_contexts"
 
+    user_id: str = Field(primary_key=True, max_length=64)
     turn_id: str = Field(primary_key=True, max_length=64)
-    user_id: str = Field(index=True, max_length=64)
     body: str
     created_at: datetime
 
 
 class TurnStepRow(SQLModel, table=True):
-    __tablename__ = "turn_steps"
+    __tablename__ = "user_turn_steps"
 
+    user_id: str = Field(primary_key=True, max_length=64)
     turn_id: str = Field(primary_key=True, max_length=64)
     step: int = Field(primary_key=True)
-    user_id: str = Field(index=True, max_length=64)
     reply: str
     created_at: datetime
+
+
+_LEGACY_TABLES = {
+    "user_turn_contexts": ("turn_contexts", "user_id, turn_id, body, created_at"),
+    "user_turn_steps": ("turn_steps", "user_id, turn_id, step, reply, created_at"),
+}
+"""New table -> (the table keyed by turn id alone that it replaces, the columns to copy)."""
+
+
+def _adopt_legacy_rows(table: Table, connection: Connection, **_: Any) -> None:
+    """Runs when the new table is created: copies and drops the old table, if there is one."""
+    legacy, columns = _LEGACY_TABLES[table.name]
+    if not inspect(connection).has_table(legacy):
+        return
+    connection.execute(text(f"INSERT INTO {table.name} ({columns}) SELECT {columns} FROM {legacy}"))
+    connection.execute(text(f"DROP TABLE {legacy}"))
+
+
+for _name in _LEGACY_TABLES:
+    event.listen(SQLModel.metadata.tables[_name], "after_create", _adopt_legacy_rows)
 
 
 class TurnStore:
@@ -35,15 +67,15 @@ class TurnStore:
         self.engine = engine
 
     def save_context(self, user_id: str, turn_id: str, context: CompiledContext) -> CompiledContext:
-        """Keep the first context compiled for a turn; a retry gets that one back."""
+        """Keep the first context compiled for a user's turn; a retry gets that one back."""
         with Session(self.engine) as session:
-            row = session.get(TurnContextRow, turn_id)
+            row = session.get(TurnContextRow, (user_id, turn_id))
             if row is not None:
                 return CompiledContext.model_validate_json(row.body)
             session.add(
                 TurnContextRow(
-                    turn_id=turn_id,
                     user_id=user_id,
+                    turn_id=turn_id,
                     body=context.model_dump_json(),
                     created_at=datetime.now(UTC),
                 )
@@ -51,29 +83,29 @@ class TurnStore:
             session.commit()
             return context
 
-    def context(self, turn_id: str) -> CompiledContext:
+    def context(self, user_id: str, turn_id: str) -> CompiledContext:
         with Session(self.engine) as session:
-            row = session.get(TurnContextRow, turn_id)
+            row = session.get(TurnContextRow, (user_id, turn_id))
         if row is None:
-            raise LookupError(f"turn {turn_id} has no compiled context")
+            raise LookupError(f"turn {turn_id} of user '{user_id}' has no compiled context")
         return CompiledContext.model_validate_json(row.body)
 
-    def reply(self, turn_id: str, step: int) -> ModelReply | None:
+    def reply(self, user_id: str, turn_id: str, step: int) -> ModelReply | None:
         with Session(self.engine) as session:
-            row = session.get(TurnStepRow, (turn_id, step))
+            row = session.get(TurnStepRow, (user_id, turn_id, step))
         return ModelReply.model_validate_json(row.reply) if row else None
 
     def save_reply(self, user_id: str, turn_id: str, step: int, reply: ModelReply) -> ModelReply:
-        """Keep the first reply stored for a step."""
+        """Keep the first reply stored for a step of a user's turn."""
         with Session(self.engine) as session:
-            row = session.get(TurnStepRow, (turn_id, step))
+            row = session.get(TurnStepRow, (user_id, turn_id, step))
             if row is not None:
                 return ModelReply.model_validate_json(row.reply)
             session.add(
                 TurnStepRow(
+                    user_id=user_id,
                     turn_id=turn_id,
                     step=step,
-                    user_id=user_id,
                     reply=reply.model_dump_json(),
                     created_at=datetime.now(UTC),
                 )

@@ -1,0 +1,277 @@
+"""No silent hangs: every activity error is classified once (domain: final; transient: retried
+up to the cap; anything else: a few attempts), every retry policy is finite, and every failure
+message is short and names the activity. Real errors from SQLite, PostgreSQL, git and sockets
+at the classification; then, against a real worker, the two classes seen stuck forever: a value
+the recall store refuses, and an activity that outlives its timeout on every attempt."""
+
+import asyncio
+import socket
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import git
+import pytest
+import sqlalchemy
+from pydantic import ValidationError
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.failure.v1 import Failure
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.testing import WorkflowEnvironment
+
+from durable_memory.activities.errors import (
+    MESSAGE_LIMIT,
+    UNKNOWN_ERROR_ATTEMPTS,
+    is_transient,
+    short_message,
+    to_failure,
+)
+from durable_memory.config import (
+    ActivitiesSettings,
+    ActivitySettings,
+    ConfigError,
+    RetrySettings,
+    load_settings,
+)
+from durable_memory.memory.errors import DurableMemoryError, UnknownDiff
+from durable_memory.memory.llm import ModelCallError
+from durable_memory.memory.stack import MemoryStack
+from durable_memory.models.recall import MessageRole, NewMessage
+from durable_memory.models.turn import TurnInput, turn_workflow_id
+from tests.temporal_helpers import Rig, rig_settings, running_rig
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class LockBusy(DurableMemoryError):
+    retryable = True
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _sqlite_locked(tmp_path: Path) -> sqlalchemy.exc.OperationalError:
+    path = tmp_path / "busy.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("CREATE TABLE t (x INTEGER)")
+    holder.execute("BEGIN EXCLUSIVE")
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}", connect_args={"timeout": 0})
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO t VALUES (1)")
+    except sqlalchemy.exc.OperationalError as error:
+        return error
+    finally:
+        holder.close()
+        engine.dispose()
+    raise AssertionError("the write did not meet the lock")
+
+
+def _raised(call: Any) -> Exception:
+    try:
+        call()
+    except Exception as error:
+        return error
+    raise AssertionError(f"{call} raised nothing")
+
+
+def _git_lock_held(tmp_path: Path) -> Exception:
+    repo = git.Repo.init(tmp_path / "repo")
+    (tmp_path / "repo" / "f").write_text("x", encoding="utf-8")
+    (Path(repo.git_dir) / "index.lock").touch()
+    return _raised(lambda: repo.git.add("f"))
+
+
+def test_transient_errors_are_told_apart_from_the_rest(tmp_path: Path) -> None:
+    refused = _free_port()
+    transient = [
+        _sqlite_locked(tmp_path),
+        _raised(
+            lambda: (
+                sqlalchemy.create_engine(f"postgresql+psycopg://u@127.0.0.1:{refused}/d")
+                .connect()
+                .close()
+            )
+        ),
+        _raised(lambda: socket.create_connection(("127.0.0.1", refused), timeout=5)),
+        TimeoutError("read timed out"),
+        _git_lock_held(tmp_path),
+        LockBusy("the user's repository is busy"),
+        ModelCallError("overloaded", retryable=True, status=529),
+    ]
+    engine = sqlalchemy.create_engine(f"sqlite:///{tmp_path / 'other.db'}")
+    final_or_unknown = [
+        _raised(lambda: engine.connect().exec_driver_sql("SELECT * FROM missing")),  # a bug
+        _raised(lambda: NewMessage(role=MessageRole.USER, content="x" * 1_000_001)),
+        LookupError("turn t1 has no compiled context"),
+        ValueError("bad"),
+        UnknownDiff("no diff"),
+        ModelCallError("bad request", retryable=False, status=400),
+    ]
+    engine.dispose()
+    assert [is_transient(e) for e in transient] == [True] * len(transient), transient
+    assert [is_transient(e) for e in final_or_unknown] == [False] * len(final_or_unknown)
+
+
+def test_each_class_fails_as_it_should_with_a_short_named_message() -> None:
+    huge = "é" * 100_000
+    domain = to_failure(UnknownDiff(huge), "dmem.decide", attempt=1)
+    assert domain.non_retryable
+    assert domain.type == "UnknownDiff"
+    assert domain.message.startswith("dmem.decide failed: UnknownDiff: ")
+
+    busy = to_failure(LockBusy("busy"), "dmem.decide", attempt=9)
+    assert not busy.non_retryable  # retried until the activity's maximum_attempts
+
+    retry_after = to_failure(
+        ModelCallError("slow down", retryable=True, status=429, retry_after=7), "dmem.x", 1
+    )
+    assert retry_after.next_retry_delay == timedelta(seconds=7)
+    assert not retry_after.non_retryable
+
+    invalid = _raised(lambda: NewMessage(role=MessageRole.USER, content=huge * 11))
+    assert isinstance(invalid, ValidationError)
+    attempts = [
+        to_failure(invalid, "dmem.call_model", n) for n in range(1, UNKNOWN_ERROR_ATTEMPTS + 1)
+    ]
+    assert [a.non_retryable for a in attempts] == [False] * (UNKNOWN_ERROR_ATTEMPTS - 1) + [True]
+    assert attempts[-1].type == "ValidationError"
+    assert "dmem.call_model failed on attempt 3" in attempts[-1].message
+    for failure in [domain, *attempts]:
+        assert len(failure.message.encode("utf-8")) <= MESSAGE_LIMIT
+
+
+def test_short_message_cuts_on_a_character_boundary() -> None:
+    assert short_message("short") == "short"
+    cut = short_message("€" * 1000)
+    assert len(cut.encode("utf-8")) <= MESSAGE_LIMIT
+    assert cut.endswith("[truncated]")
+    assert set(cut.removesuffix(" [truncated]")) == {"€"}
+
+
+def test_every_retry_policy_is_finite(tmp_path: Path) -> None:
+    for settings in (ActivitiesSettings(), load_settings(ROOT / "temporal.yaml").activities):
+        for name, activity in settings:
+            assert isinstance(activity, ActivitySettings)
+            assert activity.retry.maximum_attempts >= 1, name
+    # 0 meant "forever" in workflows started before: their input now gets the default cap.
+    old = TurnInput.model_validate(
+        {
+            "user_id": "alice",
+            "turn_id": "t1",
+            "message": "hi",
+            "activities": {"memory": {"start_to_close_s": 30, "retry": {"maximum_attempts": 0}}},
+        }
+    )
+    assert old.activities.memory.retry.maximum_attempts == RetrySettings().maximum_attempts
+    # A person who writes 0 in a config file is told it is not allowed.
+    config = tmp_path / "temporal.yaml"
+    config.write_text(
+        "activities:\n  commit: {start_to_close_s: 60, retry: {maximum_attempts: 0}}\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError, match=r"activities\.commit\.retry\.maximum_attempts"):
+        load_settings(config)
+
+
+# -- against a real worker -------------------------------------------------------------------
+
+QUICK = RetrySettings(initial_interval_s=0.1, backoff=1, maximum_interval_s=0.1)
+
+
+def _failure_text(failure: Failure) -> str:
+    """Every message of a failure's cause chain, with the activity type where one failed."""
+    parts = []
+    while failure.message or failure.HasField("cause"):
+        parts.append(failure.message)
+        if failure.HasField("activity_failure_info"):
+            parts.append(failure.activity_failure_info.activity_type.name)
+        if not failure.HasField("cause"):
+            break
+        failure = failure.cause
+    return " | ".join(parts)
+
+
+async def _failed_turn(rig: Rig, user_id: str, turn_id: str) -> tuple[str, dict[str, int]]:
+    """Send a turn that must fail; its failure's text, and each activity's last attempt."""
+    with pytest.raises(Exception, match=r"."):  # the caller's error is `wfboundary`'s to shape
+        await asyncio.wait_for(rig.client.send_message(user_id, "hi", turn_id=turn_id), 300)
+    handle = rig.client.client.get_workflow_handle(turn_workflow_id(user_id, turn_id))
+    assert (await handle.describe()).status is WorkflowExecutionStatus.FAILED
+    history = await handle.fetch_history()
+    types: dict[int, str] = {}
+    attempts: dict[str, int] = {}
+    failure = ""
+    for event in history.events:
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            types[event.event_id] = (
+                event.activity_task_scheduled_event_attributes.activity_type.name
+            )
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            started = event.activity_task_started_event_attributes
+            attempts[types[started.scheduled_event_id]] = started.attempt
+        elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+            failure = _failure_text(event.workflow_execution_failed_event_attributes.failure)
+    return failure, attempts
+
+
+async def test_a_value_the_recall_store_refuses_ends_the_turn_in_a_few_attempts(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    settings = rig_settings(tmp_path / "data")
+    quick = ActivitySettings(start_to_close_s=30, retry=QUICK)  # 10 attempts allowed
+    settings = settings.model_copy(
+        update={"activities": ActivitiesSettings(model_call=quick, memory=quick)}
+    )
+    too_long = {"text": "x" * 1_000_001}  # over recall's limit for one message
+    async with running_rig(temporal_env.client, settings, [too_long]) as rig:
+        failure, attempts = await _failed_turn(rig, "alice", "t1")
+        assert attempts["dmem.call_model"] == UNKNOWN_ERROR_ATTEMPTS
+        assert "dmem.call_model failed on attempt 3" in failure
+        assert "ValidationError" in failure
+        assert len(rig.model_server.requests) == 1  # the stored reply was reused by retries
+
+
+@contextmanager
+def _held_repository(stack: MemoryStack, user_id: str) -> Iterator[None]:
+    """Hold the user's write lock from another thread, so every write waits (as on a hung
+    disk or a stuck git) until the block ends."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with stack.service.git.transaction(user_id):
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    try:
+        yield
+    finally:
+        release.set()
+        holder.join()
+
+
+async def test_an_activity_past_its_timeout_on_every_attempt_ends_the_turn(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    settings = rig_settings(tmp_path / "data")
+    retry = QUICK.model_copy(update={"maximum_attempts": 3})
+    short = ActivitySettings(start_to_close_s=1, retry=retry)
+    settings = settings.model_copy(update={"activities": ActivitiesSettings(memory=short)})
+    async with running_rig(temporal_env.client, settings, []) as rig:
+        rig.stack.service.ensure_user("alice")
+        with _held_repository(rig.stack, "alice"):
+            failure, attempts = await _failed_turn(rig, "alice", "t1")
+        assert attempts["dmem.prepare_turn"] == 3
+        assert "dmem.prepare_turn" in failure
+        assert "timed out" in failure.lower()
