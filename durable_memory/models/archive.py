@@ -5,6 +5,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from durable_memory.models.limits import MAX_PASSAGE_CHARS, MAX_PASSAGE_TAGS, MAX_QUERY_CHARS
+
 
 class PassageSource(StrEnum):
     ROTATION = "rotation"
@@ -25,8 +27,8 @@ class NewPassage(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     user_id: str
-    text: str = Field(min_length=1)
-    tags: tuple[str, ...] = ()
+    text: str = Field(min_length=1, max_length=MAX_PASSAGE_CHARS)
+    tags: tuple[str, ...] = Field(default=(), max_length=MAX_PASSAGE_TAGS)
     source: PassageSource
     label: str | None = None
     """The block it was rotated out of."""
@@ -64,8 +66,8 @@ class PassageHit(BaseModel):
 class ArchiveSearch(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    query: str = ""
-    tags: tuple[str, ...] = ()
+    query: str = Field(default="", max_length=MAX_QUERY_CHARS)
+    tags: tuple[str, ...] = Field(default=(), max_length=MAX_PASSAGE_TAGS)
     tag_match: TagMatch = TagMatch.ANY
     start: datetime | None = None
     end: datetime | None = None
