@@ -348,9 +348,9 @@ def _bounded(outcome: ToolOutcome) -> ToolOutcome:
 
 def search_result(results: list[dict[str, Any]], text_key: str, **header: object) -> str:
     """A search tool's JSON result: the header fields, then as many results (best first) as
-    fit in MAX_TOOL_RESULT_CHARS, each one's text (at `text_key`) cut to MAX_RESULT_TEXT_CHARS, and a note
-    saying how many did not fit. JSON frames every value: a text can hold anything and
-    still cannot pass for another result or field."""
+    fit in MAX_TOOL_RESULT_CHARS, each one's text (at `text_key`) cut to
+    MAX_RESULT_TEXT_CHARS, and a note saying how many did not fit. JSON frames every value:
+    a text can hold anything and still cannot pass for another result or field."""
     shown: list[dict[str, Any]] = []
     size = len(json.dumps(header, ensure_ascii=False)) + 200  # the results key and the note
     for result in results:
