@@ -167,8 +167,9 @@ def from_markdown(spec: BlockSpec, text: str) -> BlockFields:
 _MARKUP = frozenset("&<>")
 
 ESCAPE_NOTE = (
-    "In the memory below, &lt; &gt; and &amp; stand for the characters < > and &; quote them "
-    "as those characters in your tool calls.\n"
+    "In the memory below, &lt; &gt; and &amp; stand for the less-than, greater-than and "
+    "ampersand characters; write the characters themselves when you quote memory in a tool "
+    "call.\n"
 )
 """Told to the model when a block's text was escaped, so it quotes values as they are."""
 

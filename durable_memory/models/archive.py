@@ -28,7 +28,8 @@ class NewPassage(BaseModel):
 
     user_id: str
     text: str = Field(min_length=1, max_length=MAX_PASSAGE_CHARS)
-    tags: tuple[str, ...] = Field(default=(), max_length=MAX_PASSAGE_TAGS)
+    tags: tuple[str, ...] = ()
+    """At most MAX_PASSAGE_TAGS, each 1-MAX_TAG_CHARS characters: the archive checks them."""
     source: PassageSource
     label: str | None = None
     """The block it was rotated out of."""
