@@ -2,10 +2,16 @@
 
 from datetime import datetime
 from enum import StrEnum
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from durable_memory.models.limits import MAX_PASSAGE_CHARS, MAX_PASSAGE_TAGS, MAX_QUERY_CHARS
+from durable_memory.models.limits import (
+    MAX_PASSAGE_CHARS,
+    MAX_PASSAGE_TAGS,
+    MAX_QUERY_CHARS,
+    MAX_TAG_CHARS,
+)
 
 
 class PassageSource(StrEnum):
@@ -68,7 +74,9 @@ class ArchiveSearch(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     query: str = Field(default="", max_length=MAX_QUERY_CHARS)
-    tags: tuple[str, ...] = Field(default=(), max_length=MAX_PASSAGE_TAGS)
+    tags: tuple[Annotated[str, Field(max_length=MAX_TAG_CHARS)], ...] = Field(
+        default=(), max_length=MAX_PASSAGE_TAGS
+    )
     tag_match: TagMatch = TagMatch.ANY
     start: datetime | None = None
     end: datetime | None = None
