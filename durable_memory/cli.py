@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from durable_memory.client import MemoryClient, connect_temporal
 from durable_memory.config import Settings, load_settings
-from durable_memory.memory.errors import DurableMemoryError, validation_message
+from durable_memory.memory.errors import DurableMemoryError, UnsafeFile, validation_message
 from durable_memory.memory.git_store import validate_author_name
 from durable_memory.memory.ids import validate_diff_id, validate_label, validate_user_id
 from durable_memory.memory.profiles import load_profile
@@ -122,12 +122,19 @@ def cmd_edit(args: argparse.Namespace) -> None:
         while True:
             if subprocess.call([*shlex.split(editor), str(path)]) != 0:
                 raise UsageError(f"the editor {editor!r} failed; nothing was changed")
-            edited = path.read_text(encoding="utf-8")
+            try:
+                edited = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as error:
+                raise UsageError(
+                    f"the edited block is not valid UTF-8 (byte {error.start}); nothing was changed"
+                ) from None
             if edited == markdown:
                 print("no change")
                 return
             try:
                 sha = service.edit_markdown(args.user, args.label, edited, _person(args.user))
+            except UnsafeFile:
+                raise  # the repository is at fault, not the edit: editing again cannot help
             except DurableMemoryError as error:
                 if not sys.stdin.isatty():
                     raise

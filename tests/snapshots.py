@@ -57,7 +57,8 @@ def snapshot(stack: MemoryStack) -> dict[str, Any]:
                 for p in sorted(repo.rglob("*"))
                 if p.is_file() and ".git" not in p.parts
             }
-            repos[repo.name] = (head, files, (repo / ".git" / "index").read_bytes())
+            index = repo / ".git" / "index"  # `.git` may be a file in a hostile repository
+            repos[repo.name] = (head, files, index.read_bytes() if index.is_file() else None)
     return {
         "tables": tables,
         "repos": repos,

@@ -19,6 +19,7 @@ from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workers.dev_server import start_dev_server
 from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker, stack_from_settings
 from tests.agent_helpers import edit_block, git_status
+from tests.git_checks import assert_fsck_clean
 from tests.temporal_helpers import rig_settings, turn_outcome
 from tests.worker_process import address as _address
 from tests.worker_process import crash_settings, worker_process
@@ -60,6 +61,7 @@ async def test_worker_killed_right_after_the_model_call(
     messages = stack.service.recall.turn("alice", "k1")
     assert [m.role.value for m in messages] == ["user", "tool_call", "tool_result", "assistant"]
     assert len(stack.service.history("alice", "student", 10)) == 2  # creation + one approval
+    assert_fsck_clean(stack.service.git.repo_path("alice"))
     stack.close()
 
 
@@ -94,6 +96,7 @@ async def test_worker_killed_in_the_middle_of_a_commit(
     assert [c.sha for c in commits] == [outcome.commit_sha]  # exactly one commit
     assert stack.service.read_block("alice", "student").fields["name"] == "Alice"
     assert git_status(repo) == ""
+    assert_fsck_clean(repo)
     assert [m.role.value for m in stack.service.recall.turn("alice", "k2")] == [
         "user",
         "tool_call",

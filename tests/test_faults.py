@@ -18,6 +18,7 @@ from durable_memory.models.turn import RotationOutcome, TurnOutcome, turn_workfl
 from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workers.worker import stack_from_settings
 from tests.agent_helpers import edit_block, git_status
+from tests.git_checks import assert_fsck_clean
 from tests.temporal_helpers import workflow_result
 from tests.worker_process import address, crash_settings, spawn_worker, stop_worker
 
@@ -101,4 +102,5 @@ async def test_sigkill_at_every_activity_boundary(
     assert [m.role.value for m in messages] == ["user", "tool_call", "tool_result", "assistant"]
     repo = stack.service.git.repo_path(user)
     assert git_status(repo) == ""
+    assert_fsck_clean(repo)
     stack.close()

@@ -1,9 +1,15 @@
 """The git store: history, restore, concurrency, crash recovery, hand edits, hostile ids."""
 
+import itertools
+import logging
 import multiprocessing
 import os
+import random
 import re
+import shutil
+import signal
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from multiprocessing.synchronize import Event as EventType
@@ -12,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from durable_memory.memory.errors import (
+    DamagedRepository,
     DurableMemoryError,
     FormatError,
     HandEditPending,
@@ -29,6 +36,7 @@ from durable_memory.memory.service import MemoryService
 from durable_memory.memory.stack import open_stack
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.operations import AddContext
+from tests.git_checks import assert_fsck_clean
 
 ALICE = Author(name="alice", kind=AuthorKind.USER)
 BACKEND = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
@@ -410,3 +418,172 @@ def test_a_user_directory_that_is_not_a_repository_is_a_clear_error(
     with pytest.raises(DurableMemoryError, match="exists and is not a git repository"):
         svc.ensure_user("squatter")
     assert _tree(data_dir) == before
+
+
+# -- crash safety: what a process killed at any instant leaves behind --------------------------
+
+
+def _object_file(repo: Path, sha: str) -> Path:
+    return repo / ".git" / "objects" / sha[:2] / sha[2:]
+
+
+def _empty(path: Path) -> None:
+    """What power lost before the data reached the disk leaves: the name, no content."""
+    path.chmod(0o644)
+    path.write_bytes(b"")
+
+
+def _restarted(svc: MemoryService, data_dir: Path) -> MemoryService:
+    """The service of a process started after the crash: nothing cached."""
+    return MemoryService(svc.profile, GitBlockStore(data_dir), svc.diffs, svc.recall)
+
+
+GIT_LOCKS = [
+    "index.lock",
+    "HEAD.lock",
+    "refs/heads/main.lock",
+    "packed-refs.lock",
+    "config.lock",
+    "ORIG_HEAD.lock",
+]
+
+
+@pytest.mark.parametrize("lock", GIT_LOCKS)
+def test_stale_git_lock_files_of_a_killed_writer_are_removed(
+    svc: MemoryService, lock: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    repo = svc.git.repo_path("alice")
+    history = _git(repo, "rev-list", "HEAD").split()
+    (repo / ".git" / lock).write_bytes(b"")  # git was killed holding it
+    with caplog.at_level(logging.WARNING, logger="durable_memory.memory.git_store"):
+        sha = svc.edit_block("alice", "student", {"name": "Alice"}, ALICE)
+    assert not (repo / ".git" / lock).exists()
+    assert f"user 'alice': removed the stale git lock file .git/{lock}" in caplog.text
+    assert _git(repo, "rev-list", "HEAD").split() == [sha, *history]
+    assert_fsck_clean(repo)
+
+
+@pytest.mark.parametrize("lost", ["commit", "blob"])
+def test_a_commit_whose_data_never_reached_the_disk_is_rolled_back(
+    svc: MemoryService, data_dir: Path, lost: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Power lost after the ref was updated but before the new commit's objects were on disk:
+    the next process resets the branch to the newest readable commit and builds on that."""
+    repo = svc.git.repo_path("alice")
+    kept = svc.edit_block("alice", "student", {"name": "Alice"}, ALICE)
+    gone = svc.edit_block("alice", "student", {"name": "Bob"}, ALICE)
+    _empty(
+        _object_file(
+            repo,
+            gone
+            if lost == "commit"
+            else _git(repo, "rev-parse", "HEAD:blocks/student.toml").strip(),
+        )
+    )
+    restarted = _restarted(svc, data_dir)
+    with caplog.at_level(logging.WARNING, logger="durable_memory.memory.git_store"):
+        assert restarted.read_block("alice", "student").fields["name"] == "Alice"
+    assert f"user 'alice': reset refs/heads/main to {kept}" in caplog.text
+    new = restarted.edit_block("alice", "student", {"name": "Carol"}, ALICE)
+    assert _git(repo, "rev-parse", f"{new}^").strip() == kept
+    assert len(restarted.history("alice", "student", 10)) == 3  # creation, Alice, Carol
+    assert_fsck_clean(repo)
+
+
+@pytest.mark.parametrize("ref_text", ["", "3f2a9c", "not a sha at all\n", "\udcff\x00\x00"])
+def test_a_torn_ref_file_is_restored_from_the_reflog(
+    svc: MemoryService, data_dir: Path, ref_text: str
+) -> None:
+    repo = svc.git.repo_path("alice")
+    head = svc.edit_block("alice", "student", {"name": "Alice"}, ALICE)
+    history = _git(repo, "rev-list", "HEAD")
+    (repo / ".git" / "refs" / "heads" / "main").write_bytes(
+        ref_text.encode("utf-8", errors="surrogateescape")
+    )
+    restarted = _restarted(svc, data_dir)
+    assert restarted.git.head("alice") == head  # nothing lost: the commit itself is intact
+    assert _git(repo, "rev-list", "HEAD") == history
+    restarted.edit_block("alice", "student", {"name": "Bob"}, ALICE)
+    assert_fsck_clean(repo)
+
+
+def test_a_corrupt_object_left_by_a_killed_write_is_never_reused(
+    svc: MemoryService, data_dir: Path
+) -> None:
+    """git never rewrites an object file that exists: an empty one left by a write that was
+    killed would be reused by the next commit of the same content, and that commit broken."""
+    svc.ensure_user("bob")
+    svc.edit_block("bob", "student", {"name": "Alice"}, ALICE)
+    blob = _git(svc.git.repo_path("bob"), "rev-parse", "HEAD:blocks/student.toml").strip()
+    repo = svc.git.repo_path("alice")
+    head = svc.git.head("alice")
+    stale = _object_file(repo, blob)
+    stale.parent.mkdir(exist_ok=True)
+    stale.write_bytes(b"")
+    (repo / ".git" / "dmem-journal").write_text(f"base={head}\nstudent", encoding="utf-8")
+    sha = _restarted(svc, data_dir).edit_block("alice", "student", {"name": "Alice"}, ALICE)
+    assert _git(repo, "rev-parse", f"{sha}:blocks/student.toml").strip() == blob
+    assert _restarted(svc, data_dir).read_block("alice", "student").fields["name"] == "Alice"
+    assert_fsck_clean(repo)
+
+
+def test_a_repository_with_nothing_readable_left_is_a_clear_error(
+    svc: MemoryService, data_dir: Path
+) -> None:
+    repo = svc.git.repo_path("alice")
+    (repo / ".git" / "refs" / "heads" / "main").write_text("garbage", encoding="utf-8")
+    shutil.rmtree(repo / ".git" / "logs")
+    with pytest.raises(DamagedRepository, match="the memory of user 'alice' is damaged"):
+        _restarted(svc, data_dir).read_blocks("alice")
+
+
+def _commit_forever(data_dir: str, started: EventType) -> None:
+    """Commit to alice's repository as fast as possible, until killed."""
+    store = GitBlockStore(data_dir)
+    started.set()
+    for n in itertools.count():
+        with store.transaction("alice") as tx:
+            tx.commit({"journey": f'stage = "child {n}"\n'}, f"child {n}\n", BACKEND)
+
+
+KILLS = 40
+
+
+def test_sigkill_at_random_instants_never_leaves_a_repository_unusable(
+    svc: MemoryService, data_dir: Path
+) -> None:
+    """A writer SIGKILLed anywhere (in our code, in `git add`, in `git commit`): after each
+    kill the next commit succeeds, `git fsck --strict` is clean and no commit is lost."""
+    seed = int(os.environ.get("DMEM_KILL_SEED", "1207"))
+    print(f"kill seed {seed} (DMEM_KILL_SEED reproduces the instants)")
+    chance = random.Random(seed)
+    repo = svc.git.repo_path("alice")
+    ours: list[str] = []
+    interrupted = 0
+    ctx = multiprocessing.get_context("fork")  # starts in microseconds: no import to wait for
+    for kill in range(KILLS):
+        started = ctx.Event()
+        child = ctx.Process(target=_commit_forever, args=(str(data_dir), started))
+        child.start()
+        assert started.wait(30)
+        time.sleep(chance.uniform(0, 0.12))
+        os.kill(child.pid or 0, signal.SIGKILL)
+        child.join(30)
+        assert child.exitcode == -signal.SIGKILL
+        interrupted += (repo / ".git" / "dmem-journal").exists()
+        with svc.git.transaction("alice") as tx:
+            ours.append(tx.commit({"student": f'name = "parent {kill}"\n'}, "parent\n", ALICE))
+        assert_fsck_clean(repo)
+        assert set(ours) <= set(_git(repo, "rev-list", "HEAD").split()), f"kill {kill}"
+        assert _git(repo, "status", "--porcelain") == ""
+    print(f"{interrupted} of {KILLS} kills interrupted a write")
+    assert interrupted > 0
+
+
+def test_a_torn_head_file_is_pointed_back_at_the_branch(svc: MemoryService, data_dir: Path) -> None:
+    repo = svc.git.repo_path("alice")
+    head = svc.git.head("alice")
+    (repo / ".git" / "HEAD").write_bytes(b"ref: refs/he")
+    assert _restarted(svc, data_dir).git.head("alice") == head
+    assert (repo / ".git" / "HEAD").read_text(encoding="utf-8") == "ref: refs/heads/main\n"
+    assert_fsck_clean(repo)

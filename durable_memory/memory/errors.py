@@ -73,6 +73,15 @@ class HandEditPending(DurableMemoryError):
     """A block file changed by hand in the working tree that a write would overwrite."""
 
 
+class UnsafeFile(DurableMemoryError):
+    """A file under a data or import dir that is not a plain regular file of valid UTF-8 (a
+    symlink, a FIFO, a device, a submodule...) or that is not a block file: never read."""
+
+
+class DamagedRepository(DurableMemoryError):
+    """A user's repository whose history cannot be read, even after the automatic repair."""
+
+
 def validation_message(error: ValidationError, what: str) -> str:
     """One line for a pydantic ValidationError: `<what>: field: problem; field: problem`."""
     problems = []

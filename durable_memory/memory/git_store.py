@@ -15,11 +15,15 @@ of git objects.
 import contextlib
 import fcntl
 import hashlib
+import logging
 import os
 import re
 import shutil
+import stat
+import subprocess
 import tempfile
 import threading
+import zlib
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -30,17 +34,47 @@ import git
 
 from durable_memory.faults import MID_COMMIT, crash_point
 from durable_memory.memory.errors import (
+    DamagedRepository,
     DurableMemoryError,
     HandEditPending,
     UnknownCommit,
     UnknownUser,
+    UnsafeFile,
 )
 from durable_memory.memory.ids import validate_label, validate_sha, validate_user_id
+from durable_memory.memory.safe_files import (
+    MAX_FILE_BYTES,
+    decode_utf8,
+    kind_of,
+    open_dir,
+    read_bytes_at,
+    write_bytes_at,
+)
 from durable_memory.models.history import Author, AuthorKind, CommitInfo
+
+log = logging.getLogger(__name__)
 
 BLOCKS_DIR = "blocks"
 _LOCK_FILE = "dmem-write.lock"
 _JOURNAL_FILE = "dmem-journal"
+_JOURNAL_BASE = "base="
+"""The journal's first line: the HEAD a write started from, a known-good commit to go back to."""
+_BRANCH_REF = "refs/heads/main"
+_SET_ASIDE_DIR = "dmem-set-aside"
+"""Where a repair keeps working copies it had to put back (`.git/dmem-set-aside/`)."""
+_SAFE_GIT_CONFIG = [
+    # Object files, the index and refs reach the disk before git names them (git >= 2.36):
+    # power lost right after a commit leaves the commit, not an empty object file.
+    "core.fsync=objects,index,reference",
+    "core.fsyncMethod=fsync",
+    # The repository is untrusted input: none of its own settings may run a program.
+    "core.hooksPath=/dev/null",
+    "core.fsmonitor=false",
+    "commit.gpgSign=false",
+    # No `gc --auto` after a commit: it would run (or detach) outside the user's lock.
+    "gc.auto=0",
+    "maintenance.auto=false",
+]
 _AUTHOR_NAME = re.compile(r"[^\x00-\x1f\x7f<>]{1,100}")
 _TRAILER_KEY = re.compile(r"[A-Z][A-Za-z-]{0,39}")
 _COMMITTER = git.Actor("durable-memory", "durable-memory@localhost")
@@ -122,10 +156,60 @@ def _commit_info(commit: git.Commit) -> CommitInfo:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What one commit holds: its block files (label -> TOML text) and who made it."""
+    """What one commit holds: its block files (label -> TOML text) and who made it.
+
+    `refused` names what under `blocks/` was not read, and why: a symlink or a submodule
+    committed in place of a file, text that is not UTF-8, a file that is not `<label>.toml`."""
 
     blocks: Mapping[str, str]
     info: CommitInfo
+    refused: Mapping[str, str] = field(default_factory=dict)
+
+
+def _read_tree_blocks(commit: git.Commit) -> tuple[dict[str, str], dict[str, str]]:
+    """The block files of a commit and the entries under `blocks/` that are refused."""
+    blocks: dict[str, str] = {}
+    refused: dict[str, str] = {}
+    try:
+        entry = commit.tree / BLOCKS_DIR
+    except KeyError:
+        return blocks, refused
+    if not isinstance(entry, git.Tree):
+        refused[BLOCKS_DIR] = f"{_entry_kind(entry.mode)}, not a directory"
+        return blocks, refused
+    for item in entry:
+        name = str(item.path).rsplit("/", 1)[-1]  # a submodule has no `name` without a .gitmodules
+        path = f"{BLOCKS_DIR}/{name}"
+        label = _block_label(name)
+        if not isinstance(item, git.Blob) or not stat.S_ISREG(item.mode):
+            refused[path] = f"{_entry_kind(item.mode)}, not a regular file"
+        elif label is None:
+            refused[path] = "not a block file (blocks/<label>.toml)"
+        elif item.size > MAX_FILE_BYTES:
+            refused[path] = f"{item.size} bytes, over {MAX_FILE_BYTES}"
+        else:
+            try:
+                blocks[label] = decode_utf8(item.data_stream.read(), path)
+            except UnsafeFile:
+                refused[path] = "not valid UTF-8"
+    return blocks, refused
+
+
+def _entry_kind(mode: int) -> str:
+    if stat.S_IFMT(mode) == 0o160000:  # a gitlink: no file type of the OS has this mode
+        return "a submodule"
+    return kind_of(mode)
+
+
+def _block_label(name: str) -> str | None:
+    """The label of a file named `<label>.toml`, or None for any other name."""
+    stem = name.removesuffix(".toml")
+    if stem == name:
+        return None
+    try:
+        return validate_label(stem)
+    except DurableMemoryError:
+        return None
 
 
 class SnapshotCache:
@@ -157,12 +241,231 @@ def _blob_sha(text: str) -> bytes:
     return hashlib.sha1(b"blob %d\x00" % len(data) + data, usedforsecurity=False).digest()
 
 
-def _head_sha(repo: git.Repo) -> str | None:
-    """HEAD's commit, from the ref files alone (GitPython's repo.head asks a git process)."""
+_UNREADABLE_OBJECT = (ValueError, git.GitError, git.ODBError, zlib.error)
+"""What GitPython raises when an object is missing or corrupt (ValueError: `cat-file` says
+"missing"), as opposed to our own refusals of what a readable object holds."""
+
+
+def _run_git(
+    repo: git.Repo, lock: int, *args: str, stdin: bytes = b"", env: Mapping[str, str] | None = None
+) -> None:
+    """A git command that writes to the repository, run with the user's lock descriptor passed
+    on: if our process is killed, the git child still running keeps the lock until it exits,
+    so the next writer never "recovers" (removes the lock files of) a write still under way."""
+    command = ["git", *(arg for option in _SAFE_GIT_CONFIG for arg in ("-c", option)), *args]
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    result = subprocess.run(
+        command,
+        cwd=repo.working_tree_dir,
+        input=stdin,
+        capture_output=True,
+        env={**inherited, **(env or {})},
+        pass_fds=(lock,),
+        check=False,
+    )
+    if result.returncode != 0:
+        raise git.GitCommandError(command, result.returncode, result.stderr)
+
+
+class _Unreadable(Exception):
+    """HEAD, its ref or an object it needs cannot be read: the repository needs repairing."""
+
+
+def _read_git_file(git_dir: Path, relative: str) -> str | None:
+    """A small file inside `.git` (HEAD, a ref, a reflog), never through a symlink."""
+    *parents, name = relative.split("/")
     try:
-        return git.SymbolicReference.dereference_recursive(repo, "HEAD")
-    except ValueError:  # an unborn branch: a repository without commits
+        with open_dir(git_dir, parents, ".git") as fd:
+            data = read_bytes_at(fd, name, f".git/{relative}")
+    except FileNotFoundError:
         return None
+    # Torn by a crash, it may hold any bytes: every reader matches what it takes against a
+    # strict pattern (hex ids, ref names, labels), so a replaced byte is rejected there.
+    return None if data is None else data.decode("utf-8", errors="replace")
+
+
+def _write_git_file(git_dir: Path, relative: str, content: str | bytes) -> None:
+    """Replace a file inside `.git` the way git does: `<name>.lock`, fsynced, renamed."""
+    *parents, name = relative.split("/")
+    data = content.encode("utf-8") if isinstance(content, str) else content
+    with open_dir(git_dir, parents, ".git", create=True) as fd:
+        write_bytes_at(fd, name, data, tmp_suffix=".lock")
+
+
+def _head_ref(git_dir: Path) -> str:
+    """The branch HEAD names: always main. Anything else (torn by a crash, a detached HEAD, a
+    branch switched by hand) is repaired back to it, as memory is main's history."""
+    text = _read_git_file(git_dir, "HEAD") or ""
+    if text.strip() != f"ref: {_BRANCH_REF}":
+        raise _Unreadable(f".git/HEAD holds {text[:60]!r}, not 'ref: {_BRANCH_REF}'")
+    return _BRANCH_REF
+
+
+def _read_head(git_dir: Path) -> str | None:
+    """HEAD's commit from the files alone (no git process); None for an unborn branch."""
+    ref = _head_ref(git_dir)
+    value = _read_git_file(git_dir, ref)
+    if value is not None:
+        sha = value.strip()
+        if not _FULL_SHA.fullmatch(sha):
+            raise _Unreadable(f".git/{ref} holds {value[:60]!r}, not a commit id")
+        return sha
+    for line in (_read_git_file(git_dir, "packed-refs") or "").splitlines():
+        sha, _, name = line.partition(" ")
+        if name == ref and _FULL_SHA.fullmatch(sha):
+            return sha
+    if _reflog(git_dir, ref):
+        raise _Unreadable(f".git/{ref} is missing, but its reflog says it existed")
+    return None
+
+
+def _reflog(git_dir: Path, ref: str) -> list[tuple[str, str, str]]:
+    """The reflog of `ref`, oldest first, as (old, new, line); a torn last line is skipped."""
+    entries = []
+    for line in (_read_git_file(git_dir, f"logs/{ref}") or "").splitlines():
+        old, new = line[:40], line[41:81]
+        if _FULL_SHA.fullmatch(old) and _FULL_SHA.fullmatch(new) and line[40:41] == " ":
+            entries.append((old, new, line))
+    return entries
+
+
+def _remove_stale_locks(git_dir: Path, user_id: str) -> bool:
+    """Remove the lock files of git processes that were killed. Only called while holding the
+    user's write lock: every writer of ours holds it, so no live writer owns them (a person
+    running git by hand in the repository at this instant would lose their lock: documented)."""
+    found = [p for p in git_dir.iterdir() if p.name.endswith(".lock") and p.name != _LOCK_FILE]
+    for root, _dirs, files in os.walk(git_dir / "refs"):  # never follows a symlinked directory
+        found.extend(Path(root) / name for name in files if name.endswith(".lock"))
+    for path in found:
+        path.unlink(missing_ok=True)
+        log.warning(
+            "user '%s': removed the stale git lock file %s (left by a killed process)",
+            user_id,
+            path.relative_to(git_dir.parent),
+        )
+    return bool(found)
+
+
+def _loose_object_ok(path: Path, sha: str) -> bool:
+    try:
+        if not stat.S_ISREG(path.lstat().st_mode):  # a FIFO there would hang the read
+            return False
+        data = zlib.decompress(path.read_bytes())
+    except (OSError, zlib.error):
+        return False
+    header, nul, body = data.partition(b"\x00")
+    kind, _, size = header.partition(b" ")
+    return (
+        bool(nul)
+        and kind in (b"commit", b"tree", b"blob", b"tag")
+        and size == str(len(body)).encode()
+        and hashlib.sha1(data, usedforsecurity=False).hexdigest() == sha
+    )
+
+
+def _remove_corrupt_objects(git_dir: Path, user_id: str) -> None:
+    """Remove loose objects that are empty or do not hash to their name (a kill or power loss
+    before the data reached the disk). git never rewrites an object file that exists, so a
+    corrupt one would otherwise stay, and be reused by the next commit with the same content."""
+    objects = git_dir / "objects"
+    for folder in objects.iterdir():
+        if len(folder.name) != 2 or not folder.is_dir() or folder.is_symlink():
+            continue
+        for path in folder.iterdir():
+            sha = folder.name + path.name
+            if _FULL_SHA.fullmatch(sha) and not _loose_object_ok(path, sha):
+                path.unlink()
+                log.warning("user '%s': removed the corrupt git object %s", user_id, sha)
+
+
+def _load_snapshot(repo: git.Repo, user_id: str, sha: str, cache: "SnapshotCache") -> Snapshot:
+    found = cache.get(user_id, sha)
+    if found is None:
+        commit = repo.commit(sha)
+        blocks, refused = _read_tree_blocks(commit)
+        for path, why in refused.items():
+            log.warning("user '%s': commit %s: %s is %s: not read", user_id, sha[:12], path, why)
+        found = Snapshot(blocks=blocks, info=_commit_info(commit), refused=refused)
+        cache.put(user_id, sha, found)
+    return found
+
+
+def _readable(
+    repo: git.Repo, user_id: str, sha: str, cache: "SnapshotCache", *, history: bool = True
+) -> bool:
+    """The commit and its block files read; with `history`, every object it reaches exists
+    too (asked after corrupt loose objects were removed, so an object that exists reads).
+    Without, a commit whose blocks are cached costs nothing: the common case."""
+    try:
+        if history:
+            repo.git.rev_list("--objects", "--quiet", sha)
+        _load_snapshot(repo, user_id, sha, cache)
+    except _UNREADABLE_OBJECT:
+        repo.git.clear_cache()  # a `cat-file` that met a bad object is not reused
+        return False
+    return True
+
+
+def _repair(
+    repo: git.Repo, lock: int, user_id: str, problem: str, base: str | None, cache: "SnapshotCache"
+) -> str:
+    """Point HEAD's ref at the newest commit whose history is readable, from the reflog or the
+    journal's base, and drop the reflog lines and index entries naming lost objects."""
+    git_dir = Path(repo.git_dir)
+    log.warning("user '%s': the repository is damaged (%s); repairing it", user_id, problem)
+    _remove_corrupt_objects(git_dir, user_id)
+    ref = _BRANCH_REF
+    try:
+        _head_ref(git_dir)
+    except _Unreadable:
+        _write_git_file(git_dir, "HEAD", f"ref: {ref}\n")
+    entries = _reflog(git_dir, ref)
+    candidates = [new for _old, new, _line in reversed(entries)] + ([base] if base else [])
+    candidates += [old for old, _new, _line in reversed(entries) if old != "0" * 40]
+    good = next(
+        (sha for sha in dict.fromkeys(candidates) if _readable(repo, user_id, sha, cache)), None
+    )
+    if good is None:
+        raise DamagedRepository(
+            f"the memory of user '{user_id}' is damaged ({problem}) and no earlier commit is "
+            f"readable; restore users/{user_id} from a backup"
+        )
+    _write_git_file(git_dir, ref, f"{good}\n")
+    for log_ref in dict.fromkeys([ref, "HEAD"]):
+        if _read_git_file(git_dir, f"logs/{log_ref}") is not None:
+            kept = _reflog_until(_reflog(git_dir, log_ref), good)
+            _write_git_file(git_dir, f"logs/{log_ref}", "".join(f"{line}\n" for line in kept))
+    # The index may name objects lost with the commits; unreachable now, those commits and
+    # trees still name what is missing (fsck reports them), so they go too.
+    _run_git(repo, lock, "reset", "--quiet")
+    _run_git(repo, lock, "prune", "--expire=now")
+    log.warning("user '%s': reset %s to %s, the newest readable commit", user_id, ref, good)
+    return good
+
+
+def _reflog_until(entries: list[tuple[str, str, str]], good: str) -> list[str]:
+    """The reflog lines up to the moment the ref was at `good`: the later ones name commits
+    that were lost."""
+    for index in range(len(entries) - 1, -1, -1):
+        old, new, _line = entries[index]
+        if new == good:
+            return [line for _o, _n, line in entries[: index + 1]]
+        if old == good:
+            return [line for _o, _n, line in entries[:index]]
+    return []
+
+
+def _read_journal(git_dir: Path) -> tuple[str | None, list[str]] | None:
+    """The journal of an interrupted write: (HEAD it started from, labels it was writing)."""
+    text = _read_git_file(git_dir, _JOURNAL_FILE)
+    if text is None:
+        return None
+    lines = [line for line in text.split("\n") if line]
+    base = None
+    if lines and lines[0].startswith(_JOURNAL_BASE):
+        base = lines.pop(0).removeprefix(_JOURNAL_BASE)
+        base = base if _FULL_SHA.fullmatch(base) else None
+    return base, [validate_label(line) for line in lines]
 
 
 @dataclass
@@ -170,44 +473,37 @@ class RepoTransaction:
     """Read-modify-write access to one user's repository while holding its lock."""
 
     repo: git.Repo
+    lock: int
+    """The descriptor holding the user's flock, passed on to the git commands that write."""
     user_id: str
+    users_dir: Path
+    head: str | None
+    """Verified readable by recovery. Nothing else writes while we hold the lock, so HEAD is
+    read once per transaction."""
     cache: SnapshotCache = field(default_factory=SnapshotCache)
-
-    def __post_init__(self) -> None:
-        # Nothing else writes while we hold the lock, so HEAD is read once per transaction.
-        self._head = _head_sha(self.repo)
-
-    @property
-    def head(self) -> str | None:
-        return self._head
 
     def snapshot(self, sha: str) -> Snapshot:
         """The commit's block files and author (cached); `sha` must be a full commit id."""
-        found = self.cache.get(self.user_id, sha)
-        if found is None:
-            commit = self.repo.commit(sha)
-            try:
-                blobs = (commit.tree / BLOCKS_DIR).blobs
-            except KeyError:
-                blobs = []
-            blocks = {
-                b.name.removesuffix(".toml"): b.data_stream.read().decode("utf-8")
-                for b in blobs
-                if b.name.endswith(".toml")
-            }
-            found = Snapshot(blocks=blocks, info=_commit_info(commit))
-            self.cache.put(self.user_id, sha, found)
-        return found
+        return _load_snapshot(self.repo, self.user_id, sha, self.cache)
 
     def read(self, label: str, sha: str | None = None) -> str | None:
-        """The block file at `sha` (default HEAD), or None if it does not exist there."""
-        validate_label(label)
+        """The block file at `sha` (default HEAD), or None if it does not exist there.
+
+        A symlink, a submodule or bytes that are not UTF-8 committed as the block are refused."""
+        path = block_path(label)
         rev = sha or self.head
         if rev is None:
             return None
         if not _FULL_SHA.fullmatch(rev):
             rev = self.repo.commit(rev).hexsha
-        return self.snapshot(rev).blocks.get(label)
+        snapshot = self.snapshot(rev)
+        for refused in (BLOCKS_DIR, path):
+            if refused in snapshot.refused:
+                raise UnsafeFile(
+                    f"users/{self.user_id}/{refused} at {rev[:12]} is "
+                    f"{snapshot.refused[refused]}: refused, nothing was read from it"
+                )
+        return snapshot.blocks.get(label)
 
     def labels(self) -> list[str]:
         return sorted(self.snapshot(self.head).blocks) if self.head else []
@@ -215,12 +511,28 @@ class RepoTransaction:
     def head_info(self) -> CommitInfo | None:
         return self.snapshot(self.head).info if self.head else None
 
+    def _blocks_dir(self, *, create: bool = False) -> contextlib.AbstractContextManager[int]:
+        return open_dir(self.users_dir, [self.user_id, BLOCKS_DIR], "users", create=create)
+
     def working_copy(self, label: str) -> str | None:
-        path = Path(self.repo.working_tree_dir or "") / block_path(label)
+        """The block file in the working tree, as the person who edited it left it; None if
+        absent. A symlink, a FIFO, a device or a directory there, or bytes that are not UTF-8,
+        are refused (`UnsafeFile`), never followed, opened or replaced."""
+        shown = f"users/{self.user_id}/{block_path(label)}"
         try:
-            return path.read_bytes().decode("utf-8", errors="replace")
+            with self._blocks_dir() as blocks:
+                data = read_bytes_at(blocks, f"{label}.toml", shown)
         except FileNotFoundError:
             return None
+        return None if data is None else decode_utf8(data, shown)
+
+    def working_files(self) -> list[str]:
+        """The names in the working tree's `blocks/` directory."""
+        try:
+            with self._blocks_dir() as blocks:
+                return sorted(os.listdir(blocks))
+        except FileNotFoundError:
+            return []
 
     def find_trailer(self, key: str, value: str, since: datetime | None = None) -> str | None:
         """The newest commit whose message has the trailer `key: value` (e.g. a Diff-Id).
@@ -289,36 +601,47 @@ class RepoTransaction:
                 "or unstage them with `git reset`, then try again"
             )
         git_dir = Path(self.repo.git_dir)
-        journal = git_dir / _JOURNAL_FILE
-        journal.write_text("\n".join(changed), encoding="utf-8")
-        root = Path(self.repo.working_tree_dir or "")
-        (root / BLOCKS_DIR).mkdir(exist_ok=True)
-        for label, text in changed.items():
-            target = root / block_path(label)
-            tmp = target.with_suffix(".toml.tmp")
-            tmp.write_text(text, encoding="utf-8", newline="")
-            os.replace(tmp, target)
+        base = [f"{_JOURNAL_BASE}{self.head}"] if self.head else []
+        _write_git_file(git_dir, _JOURNAL_FILE, "\n".join([*base, *changed]))
+        with self._blocks_dir(create=True) as blocks:
+            for label, text in changed.items():
+                write_bytes_at(blocks, f"{label}.toml", text.encode("utf-8"))
         # `git add` as a subprocess (cwd passed to it): GitPython's IndexFile.add chdirs the
         # whole process, which races with threads committing to other users' repositories.
-        self.repo.git.add("--", *(block_path(label) for label in changed))
+        _run_git(self.repo, self.lock, "add", "--", *(block_path(label) for label in changed))
         crash_point(MID_COMMIT)
+        # `git commit` rather than GitPython's in-process writer: git fsyncs what it writes
+        # (`core.fsync`), so a commit that returned survives a power loss.
         actor = _actor(author)
-        new = self.repo.index.commit(
-            message,
-            author=actor,
-            committer=_COMMITTER,
-            parent_commits=None,
-            skip_hooks=True,
+        identity = {
+            "GIT_AUTHOR_NAME": actor.name or "",
+            "GIT_AUTHOR_EMAIL": actor.email or "",
+            "GIT_COMMITTER_NAME": _COMMITTER.name or "",
+            "GIT_COMMITTER_EMAIL": _COMMITTER.email or "",
+        }
+        _run_git(
+            self.repo,
+            self.lock,
+            "commit",
+            "--quiet",
+            "--no-verify",
+            "--allow-empty",
+            "--cleanup=verbatim",
+            "--file=-",
+            stdin=message.encode("utf-8"),
+            env=identity,
         )
-        journal.unlink()
+        new = _read_head(git_dir)
+        assert new is not None, "git commit returned without a commit"
+        (git_dir / _JOURNAL_FILE).unlink()
         # The index held HEAD plus our files (checked above), so this is the new commit.
-        self._head = new.hexsha
+        self.head = new
         self.cache.put(
             self.user_id,
-            new.hexsha,
-            Snapshot(blocks={**before, **changed}, info=_commit_info(new)),
+            new,
+            Snapshot(blocks={**before, **changed}, info=_commit_info(self.repo.commit(new))),
         )
-        return self._head
+        return new
 
 
 class GitBlockStore:
@@ -330,27 +653,48 @@ class GitBlockStore:
         self.cache = cache or SnapshotCache()
 
     def repo_path(self, user_id: str) -> Path:
-        path = (self.users_dir / validate_user_id(user_id)).resolve()
-        if path.parent != self.users_dir:  # belt and braces: the pattern already forbids this
-            raise DurableMemoryError(f"user id {user_id!r} escapes the data directory")
-        return path
+        # Not resolved: `users/<id>` may be a symlink, which `_is_repository` refuses rather
+        # than follows (the user id pattern already forbids '/', '.' first and '..').
+        return self.users_dir / validate_user_id(user_id)
+
+    def _is_repository(self, user_id: str) -> bool:
+        """Whether `users/<id>` holds a repository; a symlink or a file in place of the user's
+        directory or of its `.git` (a `gitdir:` link elsewhere) is refused, never followed."""
+        path = self.repo_path(user_id)
+        for where, shown in ((path, f"users/{user_id}"), (path / ".git", f"users/{user_id}/.git")):
+            try:
+                mode = where.lstat().st_mode
+            except FileNotFoundError:
+                return False
+            if not stat.S_ISDIR(mode):
+                raise UnsafeFile(
+                    f"{shown} is {kind_of(mode)}, not a directory: refused, nothing was read "
+                    "from it"
+                )
+        return True
 
     def exists(self, user_id: str) -> bool:
-        return (self.repo_path(user_id) / ".git").is_dir()
+        return self._is_repository(user_id)
 
     def users(self) -> list[str]:
         if not self.users_dir.is_dir():
             return []
-        return sorted(
-            p.name
-            for p in self.users_dir.iterdir()
-            if (p / ".git").is_dir() and not p.name.startswith(".")  # not a repo being created
-        )
+        found = []
+        for name in sorted(os.listdir(self.users_dir)):
+            if name.startswith("."):  # a repository being created
+                continue
+            try:
+                if self._is_repository(name):
+                    found.append(name)
+            except DurableMemoryError as error:  # an invalid name or an unsafe directory
+                log.warning("skipping users/%s: %s", name, error)
+        return found
 
-    def _create(self, path: Path) -> None:
+    def _create(self, user_id: str) -> None:
         """`git init` in a directory beside the user's, then rename it into place: no process
         ever opens a half-initialised repository. Of two creators racing, the second's rename
         fails (the directory is no longer empty) and it discards its copy."""
+        path = self.repo_path(user_id)
         self.users_dir.mkdir(parents=True, exist_ok=True)
         fresh = Path(tempfile.mkdtemp(prefix=f".init-{path.name}-", dir=self.users_dir))
         try:
@@ -358,7 +702,7 @@ class GitBlockStore:
             try:
                 os.rename(fresh, path)
             except OSError:
-                if not (path / ".git").is_dir():
+                if not self._is_repository(user_id):
                     raise DurableMemoryError(
                         f"cannot create the memory of user '{path.name}': {path} exists and is "
                         "not a git repository"
@@ -370,41 +714,97 @@ class GitBlockStore:
     def transaction(self, user_id: str, *, create: bool = False) -> Iterator[RepoTransaction]:
         """Hold the user's write lock; recover from a write interrupted by a crash."""
         path = self.repo_path(user_id)
-        if not (path / ".git").is_dir():
+        if not self._is_repository(user_id):
             if not create:
                 raise UnknownUser(f"user '{user_id}' has no memory yet")
-            self._create(path)
-        with open(path / ".git" / _LOCK_FILE, "a+b") as lock:
+            self._create(user_id)
+        with open_dir(self.users_dir, [user_id, ".git"], "users") as git_fd:
+            lock = os.open(
+                _LOCK_FILE,
+                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o644,
+                dir_fd=git_fd,
+            )
+        try:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                with git.Repo(path) as repo:
-                    self._recover(repo)
-                    yield RepoTransaction(repo=repo, user_id=user_id, cache=self.cache)
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+            with git.Repo(path) as repo:
+                repo.git.set_persistent_git_options(c=_SAFE_GIT_CONFIG)
+                head = self._recover(repo, lock, user_id)
+                yield RepoTransaction(
+                    repo=repo,
+                    lock=lock,
+                    user_id=user_id,
+                    users_dir=self.users_dir,
+                    head=head,
+                    cache=self.cache,
+                )
+        finally:
+            os.close(lock)  # releases the flock
 
-    @staticmethod
-    def _recover(repo: git.Repo) -> None:
-        """Undo the working-tree half of a write that crashed before or after its commit."""
-        journal = Path(repo.git_dir) / _JOURNAL_FILE
-        if not journal.exists():
-            return
-        labels = [line for line in journal.read_text(encoding="utf-8").split("\n") if line]
-        root = Path(repo.working_tree_dir or "")
-        for label in labels:
-            target = root / block_path(label)
-            target.with_suffix(".toml.tmp").unlink(missing_ok=True)
-            if repo.head.is_valid():
-                try:
-                    blob = repo.head.commit.tree / block_path(label)
-                    target.write_bytes(blob.data_stream.read())
+    def _recover(self, repo: git.Repo, lock: int, user_id: str) -> str | None:
+        """Make the repository usable after a process was killed anywhere in a write; return
+        HEAD, verified readable. Runs under the user's lock, so no writer of ours is live:
+        git lock files left behind are stale; a journal means our write did not finish."""
+        git_dir = Path(repo.git_dir)
+        killed = _remove_stale_locks(git_dir, user_id)
+        journal = _read_journal(git_dir)
+        interrupted = killed or journal is not None
+        if interrupted:
+            _remove_corrupt_objects(git_dir, user_id)
+        base = journal[0] if journal else None
+        try:
+            head = _read_head(git_dir)
+            if head is not None and not _readable(
+                repo, user_id, head, self.cache, history=interrupted
+            ):
+                raise _Unreadable(f"commit {head[:12]} or an object it needs is unreadable")
+        except _Unreadable as problem:
+            head = _repair(repo, lock, user_id, str(problem), base, self.cache)
+            self._roll_back(repo, lock, user_id, head, None)
+        else:
+            if journal is not None:
+                self._roll_back(repo, lock, user_id, head, journal[1])
+        return head
+
+    def _roll_back(
+        self,
+        repo: git.Repo,
+        lock: int,
+        user_id: str,
+        head: str | None,
+        labels: list[str] | None,
+    ) -> None:
+        """Put the block files and index entries a write touched back to HEAD: `labels`, the
+        ones an interrupted write names in its journal, or None after a repair, when every block
+        file is, and any that differs from the repaired HEAD (written by a lost commit, or an
+        edit in progress) is first set aside in `.git/dmem-set-aside/` for a person to look at."""
+        blocks = _load_snapshot(repo, user_id, head, self.cache).blocks if head else {}
+        set_aside = labels is None
+        shown = f"users/{user_id}/{BLOCKS_DIR}"
+        git_dir = Path(repo.git_dir)
+        with open_dir(self.users_dir, [user_id, BLOCKS_DIR], "users", create=True) as fd:
+            if labels is None:
+                on_disk = [_block_label(name) for name in os.listdir(fd)]
+                labels = sorted({*blocks, *(label for label in on_disk if label)})
+            for label in labels:
+                name = f"{label}.toml"
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f"{name}.tmp", dir_fd=fd)
+                current = read_bytes_at(fd, name, f"{shown}/{name}")
+                wanted = blocks[label].encode("utf-8") if label in blocks else None
+                if current == wanted:
                     continue
-                except KeyError:
-                    pass
-            target.unlink(missing_ok=True)
-        if repo.head.is_valid():
-            repo.index.reset(paths=[block_path(label) for label in labels])
-        journal.unlink()
+                if current is not None and set_aside:
+                    _write_git_file(git_dir, f"{_SET_ASIDE_DIR}/{name}", current)
+                    log.warning("user '%s': set %s aside in .git/%s", user_id, name, _SET_ASIDE_DIR)
+                if wanted is not None:
+                    write_bytes_at(fd, name, wanted)
+                else:
+                    os.unlink(name, dir_fd=fd)
+        if head is not None and labels:
+            _run_git(repo, lock, "reset", "--quiet", "--", *(block_path(label) for label in labels))
+        (git_dir / _JOURNAL_FILE).unlink(missing_ok=True)
+        log.warning("user '%s': put %s back as at HEAD", user_id, ", ".join(labels) or "nothing")
 
     def head(self, user_id: str) -> str | None:
         with self.transaction(user_id) as tx:

@@ -23,6 +23,7 @@ from durable_memory.memory.errors import (
     OperationNotApplicable,
     ReadOnlyBlock,
     UnknownBlock,
+    UnsafeFile,
 )
 from durable_memory.memory.formats import (
     from_markdown,
@@ -32,6 +33,7 @@ from durable_memory.memory.formats import (
     to_toml,
 )
 from durable_memory.memory.git_store import (
+    BLOCKS_DIR,
     GitBlockStore,
     RepoTransaction,
     block_path,
@@ -471,10 +473,21 @@ class MemoryService:
     def commit_hand_edits(self, user_id: str, author: Author) -> str | None:
         """Validate block files changed by hand in the working tree and commit them together.
 
-        Any invalid file refuses the whole import with the file, the line and the reason.
+        Any invalid file refuses the whole import with the file, the line and the reason; so
+        does anything in `blocks/` that is not a block file of the profile (another name, a
+        subdirectory: it would not be imported, and the person should know), a symlink, a FIFO
+        or a device in place of a block file, or bytes that are not UTF-8 (`UnsafeFile`).
         Returns the new commit sha, or None if nothing was changed by hand.
         """
         with self.git.transaction(user_id) as tx:
+            expected = {f"{spec.label}.toml" for spec in self.profile.blocks}
+            unknown = [name for name in tx.working_files() if name not in expected]
+            if unknown:
+                raise UnsafeFile(
+                    f"users/{user_id}/{BLOCKS_DIR} holds files that are not blocks of profile "
+                    f"'{self.profile.name}': {', '.join(repr(n) for n in unknown)}; move them out "
+                    "of blocks/ and import again (nothing was imported)"
+                )
             changed: dict[str, str] = {}
             for spec in self.profile.blocks:
                 on_disk = tx.working_copy(spec.label)
