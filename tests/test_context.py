@@ -108,7 +108,7 @@ def test_system_prompt_is_instructions_memory_and_metadata(tmp_path: Path) -> No
         "conversation_search to find them)\n"
         "- 7 passages are stored in archival memory (use archival_memory_search to find them)\n"
         "- Your memory edits awaiting human approval (do not propose them again):\n"
-        f"  - {diff.id}: Add to student.strengths: Grit\n"
+        f'  - {diff.id}: "Add to student.strengths: Grit"\n'
         "</memory_metadata>"
     )
     assert context.messages == []

@@ -7,8 +7,10 @@ from typing import Protocol
 
 from durable_memory.memory.errors import DurableMemoryError
 from durable_memory.memory.ids import validate_user_id
+from durable_memory.memory.limits import LimitExceeded
 from durable_memory.memory.tokens import count_tokens, split_tokens
 from durable_memory.models.archive import ArchiveSearch, NewPassage, Passage, PassageHit
+from durable_memory.models.limits import MAX_PASSAGE_TAGS, MAX_TAG_CHARS, MAX_TOOL_ARGUMENT_CHARS
 
 PASSAGE_NAMESPACE = uuid.UUID("5b0e3c1e-4a7f-4d2e-9f57-6f1d0c2b8a11")
 
@@ -43,8 +45,6 @@ class ArchiveStore(Protocol):
 SYSTEM_CHUNK_TOKENS = 512
 """Chunk size for text archived by the system: the embedder reads 512 tokens at most."""
 
-MAX_TAGS = 20
-
 
 class ArchiveError(DurableMemoryError):
     """A bad archive request or an archive that cannot be used."""
@@ -55,13 +55,22 @@ def check_passage(passage: NewPassage, *, chunk: bool) -> list[str]:
     validate_user_id(passage.user_id)
     if not passage.text.strip():
         raise ArchiveError("an archival passage needs some text")
-    if len(passage.tags) > MAX_TAGS:
-        raise ArchiveError(f"at most {MAX_TAGS} tags per passage, got {len(passage.tags)}")
+    if len(passage.tags) > MAX_PASSAGE_TAGS:
+        raise ArchiveError(f"at most {MAX_PASSAGE_TAGS} tags per passage, got {len(passage.tags)}")
     for tag in passage.tags:
-        if not tag or len(tag) > 64 or any(unicodedata.category(c) == "Cc" for c in tag):
-            raise ArchiveError(f"invalid tag {tag!r:.70}: 1-64 characters, no control characters")
+        if not tag or len(tag) > MAX_TAG_CHARS or any(unicodedata.category(c) == "Cc" for c in tag):
+            raise ArchiveError(
+                f"invalid tag {tag!r:.70}: 1-{MAX_TAG_CHARS} characters, no control characters"
+            )
     if chunk:
         return chunk_text(passage.text, SYSTEM_CHUNK_TOKENS)
+    if len(passage.text) > MAX_TOOL_ARGUMENT_CHARS:  # refused before tokenising all of it
+        raise LimitExceeded(
+            "the passage",
+            len(passage.text),
+            MAX_TOOL_ARGUMENT_CHARS,
+            "split it into several inserts",
+        )
     tokens = count_tokens(passage.text)
     if tokens > AGENT_INSERT_TOKEN_LIMIT:
         raise ArchiveError(

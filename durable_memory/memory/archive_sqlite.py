@@ -358,11 +358,11 @@ class SqliteArchive:
         self, user_id: str, request: ArchiveSearch, query_vector: Vector | None
     ) -> list[PassageHit]:
         validate_user_id(user_id)
+        terms = fts_terms(request.query)  # refuses an over-long query before any work
         if request.start and request.end and request.start >= request.end:
             raise ArchiveError("start must be before end")
         db = self._db()
         where, params = self._filter_sql(request)
-        terms = fts_terms(request.query)
         if not terms:
             rows = db.execute(
                 f"SELECT {_COLUMNS} FROM passages p WHERE p.user_id = ?{where} "

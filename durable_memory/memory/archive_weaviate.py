@@ -181,6 +181,7 @@ class WeaviateArchive:
         return Filter.all_of(parts) if parts else None
 
     def search(self, user_id: str, request: ArchiveSearch) -> list[PassageHit]:
+        terms = fts_terms(request.query)  # refuses an over-long query before any work
         if request.start and request.end and request.start >= request.end:
             raise ArchiveError("start must be before end")
         if not self._has_tenant(user_id):
@@ -188,7 +189,7 @@ class WeaviateArchive:
         tenant = self._tenant(user_id)
         filters = self._filters(request)
         try:
-            if not fts_terms(request.query):
+            if not terms:
                 result = tenant.query.fetch_objects(
                     filters=filters,
                     limit=request.top_k,

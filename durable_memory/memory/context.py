@@ -3,8 +3,10 @@
 The system prompt is: the profile's instructions (not editable by the agent), the memory
 blocks in Letta's rendering, a memory-metadata section (archival and recall counts, when
 memory last changed, the agent's own pending proposals), and the conversation summary if
-older messages were summarised. The messages are recall's messages after the summary. The
-output is a pure function of the stored state: compiling twice gives the same bytes.
+older messages were summarised. Every text in a section is escaped
+(formats.escape_prompt_text): no block value, diff summary or summary can close or open a
+section. The messages are recall's messages after the summary. The output is a pure function
+of the stored state: compiling twice gives the same bytes.
 """
 
 import json
@@ -13,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from durable_memory.memory.formats import render_memory
+from durable_memory.memory.formats import escape_prompt_text, render_memory
 from durable_memory.memory.service import MemoryService
 from durable_memory.memory.summaries import SummaryStore
 from durable_memory.memory.tokens import count_tokens, count_tokens_cached
@@ -130,7 +132,12 @@ def _metadata(service: MemoryService, user_id: str, archival_count: int, recall_
     ]
     if own:
         lines.append("- Your memory edits awaiting human approval (do not propose them again):")
-        lines.extend(f"  - {d.id}: {d.summary}" for d in sorted(own, key=lambda d: d.id))
+        # A summary quotes the model's text: as a JSON string on one line it cannot end its
+        # list item or add one, and escaped it cannot end the section.
+        lines.extend(
+            escape_prompt_text(f"  - {d.id}: {json.dumps(d.summary, ensure_ascii=False)}")
+            for d in sorted(own, key=lambda d: d.id)
+        )
     else:
         lines.append("- You have no memory edits awaiting approval")
     lines.append("</memory_metadata>")
@@ -197,7 +204,11 @@ def _compile(
     recall_count = service.recall.count(user_id)
     metadata = _metadata(service, user_id, archival_count, recall_count)
     after, summary = _summary(summaries, user_id)
-    summary_text = f"<conversation_summary>\n{summary}\n</conversation_summary>" if summary else ""
+    summary_text = (
+        f"<conversation_summary>\n{escape_prompt_text(summary)}\n</conversation_summary>"
+        if summary
+        else ""
+    )
     instructions = profile.persona.instructions.strip()
     system = "\n\n".join(p for p in (instructions, core, metadata, summary_text) if p)
     recent = service.recall.after(user_id, after)

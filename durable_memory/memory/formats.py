@@ -15,8 +15,12 @@ Markdown shape (the seed's):
 Every field has a section, even when empty. In text sections a line that starts with '#' or
 '\\' is written with a leading '\\' so that no value can forge a heading; that one backslash
 is removed again on reading. List items are one line each.
+
+Prompt shape: every text inside the prompt's sections is escaped with `escape_prompt_text`, so
+that no value can close or open a section (see there).
 """
 
+import html
 import tomllib
 from collections.abc import Mapping
 
@@ -160,27 +164,58 @@ def from_markdown(spec: BlockSpec, text: str) -> BlockFields:
         raise FormatError(str(error)) from None
 
 
+_MARKUP = frozenset("&<>")
+
+ESCAPE_NOTE = (
+    "In the memory below, &lt; &gt; and &amp; stand for the less-than, greater-than and "
+    "ampersand characters; write the characters themselves when you quote memory in a tool "
+    "call.\n"
+)
+"""Told to the model when a block's text was escaped, so it quotes values as they are."""
+
+
+def escape_prompt_text(text: str) -> str:
+    """`text` as it appears inside a prompt section: `&`, `<` and `>` as `&amp;`, `&lt;` and
+    `&gt;` (XML's escaping, which models read as the characters).
+
+    Why escape every one rather than neutralise only our own section tags: a block's text is
+    untrusted (a user's repository, the model's own edits), and a list of tags to neutralise
+    misses the next section name, a profile's new label, or tags the model reads as structure
+    though we never wrote them (`<system>`, `<instructions>`). With `<` and `>` escaped no
+    text can contain a tag at all, the prompt parses as XML into exactly our sections, and
+    the escaping is a pure function of the text, so compiling twice gives the same bytes."""
+    return html.escape(text, quote=False)
+
+
 def render_prompt(spec: BlockSpec, fields: BlockFields) -> str:
-    """One block in Letta's rendering (`<label>` with description, metadata and value)."""
+    """One block in Letta's rendering (`<label>` with description, metadata and value); the
+    texts escaped with `escape_prompt_text`, the char count that of the value itself."""
     value = render_value(spec, fields)
     metadata = [f"- chars_current={len(value)}", f"- chars_limit={spec.limit}"]
     if spec.read_only:
         metadata.append("- read_only=true")
     return (
         f"<{spec.label}>\n"
-        f"<description>\n{spec.description}\n</description>\n"
+        f"<description>\n{escape_prompt_text(spec.description)}\n</description>\n"
         f"<metadata>\n" + "\n".join(metadata) + "\n</metadata>\n"
-        f"<value>\n{value}\n</value>\n"
+        f"<value>\n{escape_prompt_text(value)}\n</value>\n"
         f"</{spec.label}>"
     )
 
 
 def render_memory(blocks: Mapping[str, tuple[BlockSpec, BlockFields]]) -> str:
-    """All core memory blocks in Letta's `<memory_blocks>` section."""
+    """All core memory blocks in Letta's `<memory_blocks>` section, with ESCAPE_NOTE when a
+    block's text holds a character that was escaped."""
     rendered = "\n\n".join(render_prompt(spec, fields) for spec, fields in blocks.values())
+    escaped = any(
+        not _MARKUP.isdisjoint(text)
+        for spec, fields in blocks.values()
+        for text in (spec.description, render_value(spec, fields))
+    )
     return (
         "<memory_blocks>\n"
-        "The following memory blocks are currently engaged in your core memory unit:\n\n"
-        f"{rendered}\n\n"
+        "The following memory blocks are currently engaged in your core memory unit:\n"
+        + (ESCAPE_NOTE if escaped else "")
+        + f"\n{rendered}\n\n"
         "</memory_blocks>"
     )

@@ -16,6 +16,8 @@ from sqlmodel import Field, Session, SQLModel, col, select
 from durable_memory.memory.errors import DurableMemoryError
 from durable_memory.memory.fts import owner_match
 from durable_memory.memory.ids import validate_user_id
+from durable_memory.memory.limits import LimitExceeded, check_query
+from durable_memory.models.limits import MAX_QUERY_TERMS
 from durable_memory.models.recall import MessageRole, NewMessage, RecallMessage, RecallPage
 
 MAX_PAGE = 200
@@ -65,8 +67,20 @@ def _to_model(row: RecallMessageRow | Row[Any]) -> RecallMessage:
 
 
 def fts_terms(query: str) -> list[str]:
-    """The words of a free-text query; FTS operators typed by a user are treated as text."""
-    return re.findall(r"\w+", query)
+    """The words of a free-text query; FTS operators typed by a user are treated as text. A
+    query over MAX_QUERY_CHARS, or with more than MAX_QUERY_TERMS distinct words, is refused."""
+    check_query(query)
+    terms: list[str] = re.findall(r"\w+", query)
+    distinct = len(set(terms))
+    if distinct > MAX_QUERY_TERMS:
+        raise LimitExceeded(
+            "the search query",
+            distinct,
+            MAX_QUERY_TERMS,
+            "search with fewer key words",
+            unit="distinct words",
+        )
+    return terms
 
 
 class RecallStore:

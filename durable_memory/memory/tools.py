@@ -3,6 +3,11 @@
 Edit tools never change memory: each creates a PendingDiff and tells the model that the edit
 awaits human approval. Every error the model can cause comes back as an `is_error` result with
 a message it can act on; a tool call never fails the turn.
+
+Every size the model controls is bounded (durable_memory.models.limits): the whole input of a
+call and each argument are checked before any work is done, and every result is cut to
+MAX_TOOL_RESULT_CHARS, saying so. Values the model has no say in (passages, messages, block
+text) are framed in results as JSON strings, so none can pass for a word of our own.
 """
 
 import functools
@@ -10,15 +15,28 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from durable_memory.memory.archive import AGENT_INSERT_TOKEN_LIMIT, ArchiveStore
 from durable_memory.memory.errors import DurableMemoryError, validation_message
 from durable_memory.memory.ids import validate_user_id
+from durable_memory.memory.limits import LimitExceeded, cut_text
 from durable_memory.memory.service import MemoryService
 from durable_memory.models.archive import ArchiveSearch, NewPassage, PassageSource, TagMatch
+from durable_memory.models.limits import (
+    MAX_ARGUMENT_NAME_CHARS,
+    MAX_PASSAGE_TAGS,
+    MAX_QUERY_CHARS,
+    MAX_RESULT_TEXT_CHARS,
+    MAX_TAG_CHARS,
+    MAX_TOOL_ARGUMENT_CHARS,
+    MAX_TOOL_INPUT_CHARS,
+    MAX_TOOL_INPUT_DEPTH,
+    MAX_TOOL_LIST_ITEMS,
+    MAX_TOOL_RESULT_CHARS,
+)
 from durable_memory.models.operations import (
     AddContext,
     AddItem,
@@ -55,30 +73,37 @@ class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+Text = Annotated[str, Field(max_length=MAX_TOOL_ARGUMENT_CHARS)]
+NonEmptyText = Annotated[str, Field(min_length=1, max_length=MAX_TOOL_ARGUMENT_CHARS)]
+Name = Annotated[str, Field(max_length=MAX_ARGUMENT_NAME_CHARS)]
+Query = Annotated[str, Field(max_length=MAX_QUERY_CHARS)]
+Tag = Annotated[str, Field(max_length=MAX_TAG_CHARS)]
+
+
 class CoreMemoryAppend(_Args):
-    label: str
-    content: str = Field(min_length=1)
-    reasoning: str = ""
+    label: Name
+    content: NonEmptyText
+    reasoning: Text = ""
 
 
 class CoreMemoryReplace(_Args):
-    label: str
-    old_content: str = Field(min_length=1)
-    new_content: str
-    reasoning: str = ""
+    label: Name
+    old_content: NonEmptyText
+    new_content: Text
+    reasoning: Text = ""
 
 
 class MemoryInsert(_Args):
-    label: str
-    new_string: str = Field(min_length=1)
+    label: Name
+    new_string: NonEmptyText
     insert_line: int = Field(default=-1, ge=-1)
-    reasoning: str = ""
+    reasoning: Text = ""
 
 
 class MemoryRethink(_Args):
-    label: str
-    new_memory: str
-    reasoning: str = ""
+    label: Name
+    new_memory: Text
+    reasoning: Text = ""
 
 
 EditKind = Literal[
@@ -94,21 +119,21 @@ EditKind = Literal[
 
 
 class EditMemoryBlock(_Args):
-    label: str
-    field: str = ""
+    label: Name
+    field: Name = ""
     operation: EditKind
-    value: str | list[str] | None = None
-    reasoning: str = Field(min_length=1)
+    value: Text | Annotated[list[Text], Field(max_length=MAX_TOOL_LIST_ITEMS)] | None = None
+    reasoning: NonEmptyText
 
 
 class ArchivalInsert(_Args):
-    content: str = Field(min_length=1)
-    tags: list[str] = Field(default_factory=list, max_length=20)
+    content: NonEmptyText
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_PASSAGE_TAGS)
 
 
 class ArchivalSearch(_Args):
-    query: str
-    tags: list[str] = Field(default_factory=list)
+    query: Query
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_PASSAGE_TAGS)
     tag_match_mode: TagMatch = TagMatch.ANY
     start_datetime: datetime | None = None
     end_datetime: datetime | None = None
@@ -116,8 +141,8 @@ class ArchivalSearch(_Args):
 
 
 class ConversationSearch(_Args):
-    query: str = ""
-    roles: list[MessageRole] = Field(default_factory=list)
+    query: Query = ""
+    roles: list[MessageRole] = Field(default_factory=list, max_length=len(MessageRole))
     start_date: date | None = None
     end_date: date | None = None
     limit: int = Field(default=10, ge=1, le=50)
@@ -260,6 +285,90 @@ def _typed_operation(call: EditMemoryBlock) -> EditOperation:
     raise AssertionError(call.operation)
 
 
+def check_input_size(name: str, arguments: object) -> None:
+    """Refuse a tool call's input over MAX_TOOL_INPUT_CHARS (the characters of its strings and
+    argument names, one more for each value), nested deeper than MAX_TOOL_INPUT_DEPTH, with a
+    list or object of more than MAX_TOOL_LIST_ITEMS entries or an argument name longer than
+    MAX_ARGUMENT_NAME_CHARS. Walks the input without recursion and stops at the first excess,
+    so a huge input costs no more than the limit to look at."""
+    size = 0
+    pending: list[tuple[object, int]] = [(arguments, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if depth > MAX_TOOL_INPUT_DEPTH:
+            raise LimitExceeded(
+                f"the input of {name}",
+                depth,
+                MAX_TOOL_INPUT_DEPTH,
+                "flatten it",
+                unit="levels deep",
+            )
+        size += 1
+        if isinstance(value, str):
+            size += len(value)
+        elif isinstance(value, dict | list | tuple):
+            if len(value) > MAX_TOOL_LIST_ITEMS:
+                raise LimitExceeded(
+                    f"a list or object in the input of {name}",
+                    len(value),
+                    MAX_TOOL_LIST_ITEMS,
+                    "send fewer items",
+                    unit="items long",
+                )
+            if isinstance(value, dict):
+                for key in value:
+                    if len(str(key)) > MAX_ARGUMENT_NAME_CHARS:
+                        raise LimitExceeded(
+                            f"an argument name of {name}",
+                            len(str(key)),
+                            MAX_ARGUMENT_NAME_CHARS,
+                            f"the arguments are {', '.join(TOOL_DOCS[name][0].model_fields)}",
+                        )
+                    size += len(str(key))
+                pending.extend((item, depth + 1) for item in value.values())
+            else:
+                pending.extend((item, depth + 1) for item in value)
+        if size > MAX_TOOL_INPUT_CHARS:
+            raise LimitExceeded(
+                f"the input of {name}",
+                size,
+                MAX_TOOL_INPUT_CHARS,
+                "split the content into several smaller calls",
+                unit="characters or more",
+            )
+
+
+def _bounded(outcome: ToolOutcome) -> ToolOutcome:
+    """The outcome with its content cut to MAX_TOOL_RESULT_CHARS, saying so."""
+    if len(outcome.content) <= MAX_TOOL_RESULT_CHARS:
+        return outcome
+    content = cut_text(outcome.content, MAX_TOOL_RESULT_CHARS)
+    return ToolOutcome(content, is_error=outcome.is_error, diff_id=outcome.diff_id)
+
+
+def search_result(results: list[dict[str, Any]], text_key: str, **header: object) -> str:
+    """A search tool's JSON result: the header fields, then as many results (best first) as
+    fit in MAX_TOOL_RESULT_CHARS, each one's text (at `text_key`) cut to
+    MAX_RESULT_TEXT_CHARS, and a note saying how many did not fit. JSON frames every value:
+    a text can hold anything and still cannot pass for another result or field."""
+    shown: list[dict[str, Any]] = []
+    size = len(json.dumps(header, ensure_ascii=False)) + 200  # the results key and the note
+    for result in results:
+        result = {**result, text_key: cut_text(result[text_key], MAX_RESULT_TEXT_CHARS)}
+        cost = len(json.dumps(result, ensure_ascii=False)) + 2
+        if size + cost > MAX_TOOL_RESULT_CHARS:
+            break
+        shown.append(result)
+        size += cost
+    body: dict[str, object] = {**header, "results": shown}
+    if len(shown) < len(results):
+        body["note"] = (
+            f"{len(results) - len(shown)} more results did not fit in a tool result of "
+            f"{MAX_TOOL_RESULT_CHARS} characters; ask for fewer or narrow the search"
+        )
+    return json.dumps(body, ensure_ascii=False)
+
+
 class MemoryTools:
     """Executes the model's tool calls for one user and turn."""
 
@@ -276,15 +385,24 @@ class MemoryTools:
         call_id: str | None = None,
     ) -> ToolOutcome:
         """Run one tool call. With the model's `call_id`, an edit's diff id derives from the
-        turn and the call, so executing the same call again proposes nothing new."""
-        try:
-            validate_user_id(user_id)
-        except DurableMemoryError as error:
-            return ToolOutcome(f"{name} failed: {error}", is_error=True)
+        turn and the call, so executing the same call again proposes nothing new. The
+        result's content is at most MAX_TOOL_RESULT_CHARS long."""
+        return _bounded(self._execute(user_id, turn_id, name, arguments, call_id))
+
+    def _execute(
+        self, user_id: str, turn_id: str, name: str, arguments: object, call_id: str | None
+    ) -> ToolOutcome:
         if name not in TOOL_DOCS:
             return ToolOutcome(
-                f"unknown tool '{name}'; the tools are {', '.join(TOOL_DOCS)}", is_error=True
+                f"unknown tool '{cut_text(name, MAX_ARGUMENT_NAME_CHARS)}'; the tools are "
+                f"{', '.join(TOOL_DOCS)}",
+                is_error=True,
             )
+        try:
+            validate_user_id(user_id)
+            check_input_size(name, arguments)
+        except DurableMemoryError as error:
+            return ToolOutcome(f"{name} failed: {error}", is_error=True)
         args_type = TOOL_DOCS[name][0]
         try:
             call = args_type.model_validate(arguments)
@@ -310,9 +428,11 @@ class MemoryTools:
             )
         except (DurableMemoryError, ValidationError) as error:
             return ToolOutcome(f"{name} failed: {error}", is_error=True)
+        # The summary quotes the model's text: as a JSON string it cannot end the sentence.
         return ToolOutcome(
-            f"Proposed edit {diff.id} to block '{label}' ({diff.summary}). It awaits human "
-            "approval and is not in memory yet; do not propose it again.",
+            f"Proposed edit {diff.id} to block '{label}': "
+            f"{json.dumps(diff.summary, ensure_ascii=False)}. It awaits human approval and is "
+            "not in memory yet; do not propose it again.",
             diff_id=diff.id,
         )
 
@@ -356,7 +476,7 @@ class MemoryTools:
             }
             for h in hits
         ]
-        return ToolOutcome(json.dumps({"results": results}, ensure_ascii=False))
+        return ToolOutcome(search_result(results, "text"))
 
     def _conversation_search(self, user_id: str, call: ConversationSearch) -> ToolOutcome:
         start = datetime.combine(call.start_date, time(), UTC) if call.start_date else None
@@ -377,6 +497,4 @@ class MemoryTools:
             }
             for m in page.messages
         ]
-        return ToolOutcome(
-            json.dumps({"total": page.total, "results": results}, ensure_ascii=False)
-        )
+        return ToolOutcome(search_result(results, "content", total=page.total))

@@ -2,8 +2,16 @@
 
 from datetime import datetime
 from enum import StrEnum
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from durable_memory.models.limits import (
+    MAX_PASSAGE_CHARS,
+    MAX_PASSAGE_TAGS,
+    MAX_QUERY_CHARS,
+    MAX_TAG_CHARS,
+)
 
 
 class PassageSource(StrEnum):
@@ -25,8 +33,9 @@ class NewPassage(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     user_id: str
-    text: str = Field(min_length=1)
+    text: str = Field(min_length=1, max_length=MAX_PASSAGE_CHARS)
     tags: tuple[str, ...] = ()
+    """At most MAX_PASSAGE_TAGS, each 1-MAX_TAG_CHARS characters: the archive checks them."""
     source: PassageSource
     label: str | None = None
     """The block it was rotated out of."""
@@ -64,8 +73,10 @@ class PassageHit(BaseModel):
 class ArchiveSearch(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    query: str = ""
-    tags: tuple[str, ...] = ()
+    query: str = Field(default="", max_length=MAX_QUERY_CHARS)
+    tags: tuple[Annotated[str, Field(max_length=MAX_TAG_CHARS)], ...] = Field(
+        default=(), max_length=MAX_PASSAGE_TAGS
+    )
     tag_match: TagMatch = TagMatch.ANY
     start: datetime | None = None
     end: datetime | None = None

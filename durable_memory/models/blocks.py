@@ -5,6 +5,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from durable_memory.models.limits import MAX_BLOCK_CHARS
+
 FieldValue = str | list[str] | None
 BlockFields = dict[str, FieldValue]
 """A block's content: field name -> value. Text blocks have the single field `value`."""
@@ -59,7 +61,7 @@ class BlockSpec(BaseModel):
 
     label: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,47}$")]
     description: str
-    limit: int = Field(gt=0, le=1_000_000)
+    limit: int = Field(gt=0, le=MAX_BLOCK_CHARS)
     read_only: bool = False
     rotation: RotationStrategyName = RotationStrategyName.ADAPTIVE
     kind: BlockKind

@@ -5,6 +5,13 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from durable_memory.models.blocks import BlockFields
+from durable_memory.models.limits import MAX_ARGUMENT_NAME_CHARS, MAX_BLOCK_CHARS
+
+EditText = Annotated[str, Field(max_length=MAX_BLOCK_CHARS)]
+"""Any text an edit carries: no block holds more, so a longer argument is refused at once,
+before it is applied, stored in a diff or sent in a workflow payload."""
+NonEmptyEditText = Annotated[str, Field(min_length=1, max_length=MAX_BLOCK_CHARS)]
+FieldArgument = Annotated[str, Field(max_length=MAX_ARGUMENT_NAME_CHARS)]
 
 
 class _Op(BaseModel):
@@ -15,22 +22,22 @@ class AppendText(_Op):
     """Append a line to a text block (Letta's core_memory_append)."""
 
     op: Literal["append"] = "append"
-    content: str
+    content: EditText
 
 
 class ReplaceText(_Op):
     """Replace one exact occurrence of `old_content` (Letta's core_memory_replace)."""
 
     op: Literal["replace"] = "replace"
-    old_content: str = Field(min_length=1)
-    new_content: str
+    old_content: NonEmptyEditText
+    new_content: EditText
 
 
 class InsertText(_Op):
     """Insert text after line `insert_line` (0 = at the top, -1 = at the end)."""
 
     op: Literal["insert"] = "insert"
-    new_string: str
+    new_string: EditText
     insert_line: int = Field(ge=-1)
 
 
@@ -38,7 +45,7 @@ class RethinkText(_Op):
     """Rewrite a text block's whole value (Letta's memory_rethink)."""
 
     op: Literal["rethink"] = "rethink"
-    new_value: str
+    new_value: EditText
 
 
 class ReplaceFields(_Op):
@@ -52,28 +59,28 @@ class SetField(_Op):
     """Set one field of a typed block (`None` clears an optional field)."""
 
     op: Literal["set_field"] = "set_field"
-    field: str
-    value: str | list[str] | None
+    field: FieldArgument
+    value: EditText | list[EditText] | None
 
 
 class AddItem(_Op):
     op: Literal["add_item"] = "add_item"
-    field: str
-    value: str
+    field: FieldArgument
+    value: EditText
 
 
 class RemoveItem(_Op):
     op: Literal["remove_item"] = "remove_item"
-    field: str
-    value: str
+    field: FieldArgument
+    value: EditText
 
 
 class SetTask(_Op):
     """The seed's set_task: sets the current task and the state to active_task."""
 
     op: Literal["set_task"] = "set_task"
-    task: str = Field(min_length=1)
-    context: str | None = None
+    task: NonEmptyEditText
+    context: EditText | None = None
 
 
 class ClearTask(_Op):
@@ -85,17 +92,17 @@ class ClearTask(_Op):
 
 class LearnPreference(_Op):
     op: Literal["learn_preference"] = "learn_preference"
-    preference: str = Field(min_length=1)
+    preference: NonEmptyEditText
 
 
 class LearnFact(_Op):
     op: Literal["learn_fact"] = "learn_fact"
-    fact: str = Field(min_length=1)
+    fact: NonEmptyEditText
 
 
 class AddContext(_Op):
     op: Literal["add_context"] = "add_context"
-    note: str = Field(min_length=1)
+    note: NonEmptyEditText
 
 
 EditOperation = Annotated[
