@@ -252,7 +252,7 @@ def test_edit_tool_results_quote_the_models_text(
         assert not outcome.is_error, outcome.content
         match = EDIT_RESULT.fullmatch(outcome.content)
         assert match is not None, outcome.content
-        diff = service.diffs.get(match["id"])
+        diff = service.diffs.get(match["id"], "alice")
         assert json.loads(match["summary"]) == diff.summary
         service.reject(diff.id, "alice", "test done")
 
