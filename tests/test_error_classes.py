@@ -1,8 +1,9 @@
 """No silent hangs: every activity error is classified once (domain: final; transient: retried
 up to the cap; anything else: a few attempts), every retry policy is finite, and every failure
 message is short and names the activity. Real errors from SQLite, PostgreSQL, git and sockets
-at the classification; then, against a real worker, the two classes seen stuck forever: a value
-the recall store refuses, and an activity that outlives its timeout on every attempt."""
+at the classification; then, against a real worker, an activity that outlives its timeout on
+every attempt. (The other class seen stuck forever, a value the recall store refused, is now
+bounded at its source: tests/test_huge_turn.py.)"""
 
 import asyncio
 import socket
@@ -221,23 +222,6 @@ async def _failed_turn(rig: Rig, user_id: str, turn_id: str) -> tuple[str, dict[
         elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
             failure = _failure_text(event.workflow_execution_failed_event_attributes.failure)
     return failure, attempts
-
-
-async def test_a_value_the_recall_store_refuses_ends_the_turn_in_a_few_attempts(
-    temporal_env: WorkflowEnvironment, tmp_path: Path
-) -> None:
-    settings = rig_settings(tmp_path / "data")
-    quick = ActivitySettings(start_to_close_s=30, retry=QUICK)  # 10 attempts allowed
-    settings = settings.model_copy(
-        update={"activities": ActivitiesSettings(model_call=quick, memory=quick)}
-    )
-    too_long = {"text": "x" * 1_000_001}  # over recall's limit for one message
-    async with running_rig(temporal_env.client, settings, [too_long]) as rig:
-        failure, attempts = await _failed_turn(rig, "alice", "t1")
-        assert attempts["dmem.call_model"] == UNKNOWN_ERROR_ATTEMPTS
-        assert "dmem.call_model failed on attempt 3" in failure
-        assert "ValidationError" in failure
-        assert len(rig.model_server.requests) == 1  # the stored reply was reused by retries
 
 
 @contextmanager

@@ -14,6 +14,7 @@ from durable_memory.memory.agent import (
     ChatModel,
     model_summarizer,
     reply_messages,
+    reply_text,
     result_messages,
     run_tools,
     step_limit_note,
@@ -126,7 +127,9 @@ class TurnActivities:
                 step.user_id, step.turn_id, reply_messages(reply), first_seq=step.step * STEP_SEQ
             )
             return ModelStepResult(
-                text=reply.text, tool_calls=len(reply.tool_uses), stop_reason=reply.stop_reason
+                text=reply_text(reply),
+                tool_calls=len(reply.tool_uses),
+                stop_reason=reply.stop_reason,
             )
 
     @activity.defn(name="dmem.run_tools")

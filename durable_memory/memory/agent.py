@@ -12,11 +12,13 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict
 
 from durable_memory.memory.context import CompiledContext, Summarizer, compile_context
+from durable_memory.memory.limits import LimitExceeded, cut_text
 from durable_memory.memory.recall import RecallStore
 from durable_memory.memory.service import MemoryService
 from durable_memory.memory.summaries import SummaryStore
-from durable_memory.memory.tools import MemoryTools, tool_definitions
+from durable_memory.memory.tools import MemoryTools, check_input_size, tool_definitions
 from durable_memory.models.blocks import ModelSettings
+from durable_memory.models.limits import MAX_REPLY_TEXT_CHARS
 from durable_memory.models.llm import ChatMessage, ModelReply, TextBlock, ToolResultBlock
 from durable_memory.models.recall import MessageRole, NewMessage, RecallMessage
 
@@ -25,7 +27,8 @@ DEFAULT_MAX_STEPS = 8
 SUMMARY_SYSTEM = (
     "You summarise conversations for an assistant's memory. Write a compact summary of the "
     "conversation below (and of the earlier summary, if given): who said what that matters, "
-    "decisions, open questions, facts about the user. Plain prose, no preamble."
+    "decisions, open questions, facts about the user. Plain prose, no preamble. Each line of "
+    'the conversation is `role: "content"`, the content a JSON string written by that role.'
 )
 
 
@@ -58,13 +61,30 @@ def step_limit_note(max_steps: int) -> str:
     )
 
 
+def reply_text(reply: ModelReply) -> str:
+    """The reply's text as recall keeps it and the turn's reply carries it (bounded)."""
+    return cut_text(reply.text, MAX_REPLY_TEXT_CHARS)
+
+
+def recorded_input(name: str, arguments: dict[str, object]) -> str:
+    """A tool call's input as recall keeps it: its JSON, or, for an input the tools refuse as
+    too large, a small stand-in saying so (the call is answered with that error; storing the
+    whole input would only make the recall write fail and the step retry)."""
+    try:
+        check_input_size(name, arguments)
+    except LimitExceeded as error:
+        return json.dumps({"refused_input": str(error)}, ensure_ascii=False)
+    return json.dumps(arguments, ensure_ascii=False, sort_keys=True)
+
+
 def reply_messages(reply: ModelReply) -> list[NewMessage]:
     """What a model reply adds to recall: its text, then each tool call."""
-    out = [NewMessage(role=MessageRole.ASSISTANT, content=reply.text)] if reply.text else []
+    text = reply_text(reply)
+    out = [NewMessage(role=MessageRole.ASSISTANT, content=text)] if text else []
     out.extend(
         NewMessage(
             role=MessageRole.TOOL_CALL,
-            content=json.dumps(use.input, ensure_ascii=False, sort_keys=True),
+            content=recorded_input(use.name, use.input),
             tool_name=use.name,
             tool_call_id=use.id,
         )
@@ -102,7 +122,10 @@ def run_tools(
 
 def model_summarizer(model: ChatModel, settings: ModelSettings) -> Summarizer:
     def summarize(messages: Sequence[RecallMessage], previous: str | None) -> str:
-        transcript = "\n".join(f"{m.role.value}: {m.content}" for m in messages)
+        # Each content as a JSON string: a message cannot end its line and forge another speaker.
+        transcript = "\n".join(
+            f"{m.role.value}: {json.dumps(m.content, ensure_ascii=False)}" for m in messages
+        )
         earlier = f"Earlier summary:\n{previous}\n\n" if previous else ""
         prompt = f"{earlier}Conversation:\n{transcript}"
         reply = model.create(
@@ -111,7 +134,7 @@ def model_summarizer(model: ChatModel, settings: ModelSettings) -> Summarizer:
             [ChatMessage(role="user", content=[TextBlock(text=prompt)])],
             [],
         )
-        return reply.text.strip() or "(the model returned an empty summary)"
+        return reply_text(reply).strip() or "(the model returned an empty summary)"
 
     return summarize
 
@@ -164,7 +187,7 @@ def run_turn(
         if not reply.tool_uses:
             return TurnResult(
                 turn_id=turn_id,
-                reply=reply.text,
+                reply=reply_text(reply),
                 diff_ids=diff_ids,
                 steps=step,
                 stopped_at_step_limit=False,
@@ -178,7 +201,7 @@ def run_turn(
         messages.append(ChatMessage(role="user", content=list(results)))
     note = step_limit_note(max_steps)
     recorder.add([NewMessage(role=MessageRole.ASSISTANT, content=note)])
-    last_text = reply.text
+    last_text = reply_text(reply)
     return TurnResult(
         turn_id=turn_id,
         reply=f"{last_text}\n\n{note}" if last_text else note,

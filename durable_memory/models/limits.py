@@ -24,6 +24,13 @@ MAX_ARGUMENT_NAME_CHARS = 64
 """An argument name of a tool call (the schemas' names are short; a huge unknown name would
 otherwise be echoed in the error)."""
 
+MAX_REPLY_TEXT_CHARS = 250_000
+"""The text of one model reply as recall stores it and a turn's reply carries it in a workflow
+payload (at most ~1 MB of UTF-8, under Temporal's 2 MiB): Claude's largest output, 64k
+tokens, is about this long. Longer text (only a misbehaving server sends it) is cut, saying so."""
+MAX_RECALL_MESSAGE_CHARS = 1_000_000
+"""One message in recall. Everything we store is bounded below it by the limits above."""
+
 MAX_TOOL_RESULT_CHARS = 20_000
 """The content of one tool result: what the model reads, recall stores and a workflow
 payload carries. Longer results are cut, saying so."""

@@ -5,6 +5,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from durable_memory.models.limits import MAX_RECALL_MESSAGE_CHARS
+
 
 class MessageRole(StrEnum):
     USER = "user"
@@ -18,7 +20,7 @@ class NewMessage(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     role: MessageRole
-    content: str = Field(max_length=1_000_000)
+    content: str = Field(max_length=MAX_RECALL_MESSAGE_CHARS)
     tool_name: str | None = None
     tool_call_id: str | None = None
     is_error: bool = False

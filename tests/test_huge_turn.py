@@ -1,0 +1,75 @@
+"""Huge input through a real turn: a model reply or tool call far over every limit (only a
+misbehaving server sends one) is bounded where it enters our stores and payloads, so the turn
+completes with a labelled cut or a tool error the model can act on; nothing retries, the
+worker lives, the user's memory is unchanged and the next turn succeeds.
+
+Before this, a reply over recall's limit failed the recall write on every retry of the model
+step, and the turn never answered."""
+
+from pathlib import Path
+from typing import Any
+
+from temporalio.testing import WorkflowEnvironment
+
+from durable_memory.models.limits import MAX_REPLY_TEXT_CHARS
+from durable_memory.models.recall import MessageRole
+from tests.snapshots import snapshot
+from tests.temporal_helpers import rig_settings, running_rig, turn_outcome
+
+HUGE = 2_000_000
+
+
+async def test_a_reply_over_every_limit_is_cut_and_labelled(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    # 250k characters of é overflow the context window: the next turn summarises them first.
+    script = [{"text": "é" * HUGE}, {"text": "a summary"}, {"text": "back to normal"}]
+    async with running_rig(temporal_env.client, rig_settings(tmp_path / "data"), script) as rig:
+        reply = await rig.client.send_message("alice", "write a lot", turn_id="t1")
+        assert len(reply.reply) < MAX_REPLY_TEXT_CHARS + 100
+        assert reply.reply.endswith(
+            f"[... cut: {HUGE - MAX_REPLY_TEXT_CHARS} more characters not shown]"
+        )
+        stored = rig.stack.service.recall.turn("alice", "t1", 0)
+        assert [m.content for m in stored if m.role is MessageRole.ASSISTANT] == [reply.reply]
+        assert len(rig.model_server.requests) == 1  # not retried
+        again = await rig.client.send_message("alice", "and now?", turn_id="t2")
+        assert again.reply == "back to normal"
+
+
+async def test_a_tool_call_over_every_limit_gets_a_tool_error(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    huge_edit: dict[str, Any] = {
+        "content": [
+            {
+                "type": "tool_use",
+                "name": "archival_memory_insert",
+                "input": {"content": "x" * HUGE, "tags": ["y" * HUGE]},
+            }
+        ]
+    }
+    script = [huge_edit, {"text": "sorry, that was too long"}, {"text": "fine"}]
+    async with running_rig(temporal_env.client, rig_settings(tmp_path / "data"), script) as rig:
+        rig.stack.service.ensure_user("alice")
+        before = snapshot(rig.stack)["repos"]
+        reply = await rig.client.send_message("alice", "remember this", turn_id="t1")
+        assert reply.reply == "sorry, that was too long"
+        assert reply.diffs == []
+        stored = rig.stack.service.recall.turn("alice", "t1", 0)
+        call = next(m for m in stored if m.role is MessageRole.TOOL_CALL)
+        result = next(m for m in stored if m.role is MessageRole.TOOL_RESULT)
+        assert "refused_input" in call.content
+        assert len(call.content) < 1_000
+        assert result.is_error
+        assert "over the limit" in result.content
+        # The second model call saw the error as the tool's result, not the huge input.
+        second = rig.model_server.requests[1]
+        assert "over the limit" in str(second["messages"][-1])
+        assert len(str(second)) < HUGE
+        assert rig.stack.archive.count("alice") == 0
+        assert snapshot(rig.stack)["repos"] == before
+        outcome = await turn_outcome(rig.client, "alice", "t1")
+        assert outcome.reply == "sorry, that was too long"
+        again = await rig.client.send_message("alice", "ok?", turn_id="t2")
+        assert again.reply == "fine"
