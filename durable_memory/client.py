@@ -18,6 +18,13 @@ from types import TracebackType
 from typing import Any, Self
 
 from pydantic import ValidationError
+from temporalio.api.common.v1 import Payloads, WorkflowExecution
+from temporalio.api.enums.v1 import UpdateWorkflowExecutionLifecycleStage
+from temporalio.api.update.v1 import Input as UpdateInput
+from temporalio.api.update.v1 import Meta as UpdateMeta
+from temporalio.api.update.v1 import Request as UpdateRequest
+from temporalio.api.update.v1 import WaitPolicy
+from temporalio.api.workflowservice.v1 import UpdateWorkflowExecutionRequest
 from temporalio.client import (
     Client,
     Schedule,
@@ -114,7 +121,8 @@ class DecisionBusy(DurableMemoryError):
 
 BUSY_ATTEMPTS = 6
 BUSY_FIRST_DELAY_S = 0.2
-"""Backoff for an Update refused at the in-flight limit: 0.2, 0.4, ... 3.2 s (~6 s in all)."""
+"""Backoff for an Update refused at the in-flight limit: 0.2, 0.4, ... 1.6 s (~3 s in all)."""
+ACCEPTED = UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_ACCEPTED
 
 
 async def connect_temporal(settings: Settings) -> Client:
@@ -328,29 +336,55 @@ class MemoryClient:
     async def _execute_decision(
         self, handle: WorkflowHandle[Any, Any], decision: DiffDecision
     ) -> DecisionOutcome:
-        """The `decide` Update, retried with backoff while Temporal refuses it for the
-        workflow's Update limits; DecisionBusy once the attempts are spent."""
+        """The `decide` Update with a bounded retry of our own: the SDK's retries an Update
+        that Temporal refuses for the workflow's Update limits (RESOURCE_EXHAUSTED) without
+        end, so the request is sent with its retries off, under one Update id (a resend of
+        an admitted one attaches to it), and DecisionBusy comes once the attempts are spent.
+        """
+        update_id = uuid.uuid4().hex
+        request = UpdateWorkflowExecutionRequest(
+            namespace=self.client.namespace,
+            workflow_execution=WorkflowExecution(workflow_id=handle.id),
+            request=UpdateRequest(
+                meta=UpdateMeta(update_id=update_id, identity=self.client.identity),
+                input=UpdateInput(
+                    name="decide",
+                    args=Payloads(payloads=await self.client.data_converter.encode([decision])),
+                ),
+            ),
+            wait_policy=WaitPolicy(lifecycle_stage=ACCEPTED),
+        )
         delay = self.busy_first_delay_s
-        for attempt in range(1, self.busy_attempts + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             try:
-                outcome: DecisionOutcome = await handle.execute_update(
-                    "decide", decision, result_type=DecisionOutcome
+                response = await self.client.workflow_service.update_workflow_execution(
+                    request, retry=False
                 )
-                return outcome
             except RPCError as error:
-                if not _update_limit(error):
+                if error.status not in BUSY_STATUSES and not _total_update_limit(error):
                     raise
-                if attempt == self.busy_attempts or error.status is not (
-                    RPCStatusCode.RESOURCE_EXHAUSTED
-                ):  # the per-run total does not free up by waiting
+                if attempt >= self.busy_attempts or _total_update_limit(error):
                     raise DecisionBusy(
                         f"diff {decision.diff_id}: nothing decided, Temporal refused the "
-                        f"decision {attempt} time(s) ({error.message}); retry later, or send "
-                        "it as a signal (wait=False)"
+                        f"decision {attempt} time(s) ({error.message}); retry later, or "
+                        "send it as a signal (wait=False)"
                     ) from None
                 await asyncio.sleep(delay)
                 delay *= 2
-        raise AssertionError("unreachable: the last attempt returns or raises")
+                continue
+            if response.stage < ACCEPTED:  # the server's long poll ended first: ask again
+                continue
+            if response.outcome.HasField("failure"):  # refused by the validator
+                cause = await self.client.data_converter.decode_failure(response.outcome.failure)
+                raise WorkflowUpdateFailedError(cause)
+            outcome: DecisionOutcome = await handle.get_update_handle(
+                update_id,
+                workflow_run_id=response.update_ref.workflow_execution.run_id,
+                result_type=DecisionOutcome,
+            ).result()
+            return outcome
 
     # -- a person's own memory -------------------------------------------------------------
 
@@ -431,15 +465,18 @@ class MemoryClient:
         return rotation.schedule_id
 
 
-def _update_limit(error: RPCError) -> bool:
-    """Whether Temporal refused an Update for the workflow's limits: RESOURCE_EXHAUSTED
-    "limit on number of concurrent in-flight updates has been reached", or FAILED_PRECONDITION
-    "limit on number of total updates has been reached" (server registry.go)."""
-    if error.status is RPCStatusCode.RESOURCE_EXHAUSTED:
-        return True
-    return error.status is RPCStatusCode.FAILED_PRECONDITION and "limit on number" in (
-        error.message
-    )
+BUSY_STATUSES = (
+    RPCStatusCode.RESOURCE_EXHAUSTED,  # "limit on number of concurrent in-flight updates"
+    RPCStatusCode.ABORTED,  # an admitted Update dropped before the workflow took it
+    RPCStatusCode.UNAVAILABLE,
+)
+"""Refusals of an Update that waiting may cure (server: history/workflow/update/registry.go)."""
+
+
+def _total_update_limit(error: RPCError) -> bool:
+    """FAILED_PRECONDITION "limit on number of total updates has been reached": the run has
+    had its 2,000 Updates; waiting does not help, a signal still works."""
+    return error.status is RPCStatusCode.FAILED_PRECONDITION and "total updates" in (error.message)
 
 
 def _decision_error(error: WorkflowUpdateFailedError) -> DurableMemoryError:

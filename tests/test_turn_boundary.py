@@ -97,7 +97,7 @@ async def test_update_with_start_of_a_refused_user_gets_the_refusal(
     settings = rig_settings(tmp_path / "data")
     foreign = await default_converter_client(temporal_env)
     async with running_rig(temporal_env.client, settings, []):
-        start = WithStartWorkflowOperation(
+        start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
             TURN_WORKFLOW,
             {"user_id": "../etc", "turn_id": "t", "message": "hi"},
             id=f"bad-{uuid.uuid4().hex}",
@@ -122,7 +122,7 @@ async def test_a_foreign_caller_gets_search_attributes_and_its_bad_decisions_ref
     foreign = await default_converter_client(temporal_env)
     async with running_rig(temporal_env.client, settings, script) as rig:
         workflow_id = turn_workflow_id("dora", "f1")
-        start = WithStartWorkflowOperation(
+        start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
             TURN_WORKFLOW,
             {"user_id": "dora", "turn_id": "f1", "message": "I'm Dora"},
             id=workflow_id,
