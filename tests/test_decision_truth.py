@@ -76,6 +76,11 @@ async def test_a_decision_on_another_users_diff_is_refused_and_changes_nothing(
         assert snapshot(rig.stack) == before
         await rig.client.reject(diff_id, "fay", "no")
         await turn_outcome(rig.client, "fay", "mine")
+        # Once the turn is over, the store tells a late decider the truth.
+        with pytest.raises(DecisionLost, match="already rejected by fay") as late:
+            await rig.client.approve(diff_id, "gus")
+        assert late.value.outcome is not None
+        assert late.value.outcome.decided_by == "fay"
 
 
 async def test_at_the_update_limit_the_client_says_busy_not_decided(

@@ -20,7 +20,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.client import TurnFailed
 from durable_memory.config import ActivitiesSettings, ActivitySettings, RetrySettings
-from durable_memory.models.turn import RejectedSignals, turn_workflow_id
+from durable_memory.models.turn import RejectedSignals, rotation_workflow_id, turn_workflow_id
 from durable_memory.workflows.common import PENDING_DIFFS, TURN_STATUS, USER_ID
 from durable_memory.workflows.turn import TURN_WORKFLOW
 from tests.agent_helpers import edit_block
@@ -57,9 +57,11 @@ async def test_ids_with_dashes_never_share_a_workflow(
         assert (await turn_outcome(rig.client, "a", "b-c")).reply == "reply to a"
 
 
-def test_turn_workflow_ids_are_injective() -> None:
+def test_workflow_ids_are_injective() -> None:
     pairs = [("a-b", "c"), ("a", "b-c"), ("a", "b.c"), ("a.b", "c"), ("a_b", "c")]
     assert len({turn_workflow_id(u, t) for u, t in pairs}) == len(pairs)
+    blocks = [("a-b", "c"), ("a", "b_c"), ("a_b", "c"), ("a-b-c", "d")]
+    assert len({rotation_workflow_id(u, label) for u, label in blocks}) == len(blocks)
 
 
 BAD_INPUTS: list[tuple[dict[str, Any], str]] = [

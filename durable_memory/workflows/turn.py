@@ -372,8 +372,7 @@ class TurnWorkflow:
     ) -> DecisionOutcome | ApplicationError:
         """Record what the store says became of the diff, and what to answer its decider:
         the outcome only if this decision applied and an approval has its commit."""
-        if outcome.status is not DiffStatus.PENDING:
-            self._resolve(outcome)
+        self._resolve(outcome)
         if not _own_outcome(decision, outcome):
             return already_decided(outcome)
         committed = outcome.status is not DiffStatus.APPROVED or outcome.commit_sha is not None
