@@ -59,13 +59,9 @@ def _with_client(args: argparse.Namespace, work: Callable[[MemoryClient], Awaita
 
     async def run() -> T:
         settings = _settings(args)
-        client = MemoryClient(
-            await connect_temporal(settings), settings, stack_from_settings(settings)
-        )
-        try:
+        temporal = await connect_temporal(settings)
+        async with MemoryClient(temporal, settings, stack_from_settings(settings)) as client:
             return await work(client)
-        finally:
-            client.close()
 
     return asyncio.run(run())
 
@@ -223,6 +219,8 @@ def cmd_reject(args: argparse.Namespace) -> None:
 
 
 def _print_outcome(verb: str, diff_id: str, outcome: DecisionOutcome | None) -> None:
+    """A decision that did not apply never gets here: the client raises DiffAlreadyDecided
+    (with who decided) or DecisionRefused (with the reason), and the CLI exits 2."""
     if outcome is None:
         print(f"{verb} {diff_id}: signal sent; the turn applies it when a worker runs")
     elif outcome.commit_sha:

@@ -2,17 +2,29 @@
 and a user's own edits go to the memory store, which the client shares with the workers
 (same `memory:` settings).
 
-    client = await MemoryClient.connect()
-    reply = await client.send_message("alice", "I love building robots")
-    await client.approve(reply.diffs[0].id, approver="ms-rivera")
+    async with await MemoryClient.connect() as client:
+        reply = await client.send_message("alice", "I love building robots")
+        await client.approve(reply.diffs[0].id, approver="ms-rivera")
+
+Turns and decisions address the workflow by its type and handler names, as a caller in
+another language does: the workflow validates every payload itself (workflows/turn.py).
 """
 
 import asyncio
+import gc
 import uuid
 from datetime import timedelta
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 from pydantic import ValidationError
+from temporalio.api.common.v1 import Payloads, WorkflowExecution
+from temporalio.api.enums.v1 import UpdateWorkflowExecutionLifecycleStage
+from temporalio.api.update.v1 import Input as UpdateInput
+from temporalio.api.update.v1 import Meta as UpdateMeta
+from temporalio.api.update.v1 import Request as UpdateRequest
+from temporalio.api.update.v1 import WaitPolicy
+from temporalio.api.workflowservice.v1 import UpdateWorkflowExecutionRequest
 from temporalio.client import (
     Client,
     Schedule,
@@ -23,12 +35,13 @@ from temporalio.client import (
     ScheduleUpdate,
     ScheduleUpdateInput,
     WithStartWorkflowOperation,
+    WorkflowHandle,
     WorkflowUpdateFailedError,
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError, TLSConfig
+from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from durable_memory.config import Settings, load_settings
 from durable_memory.memory.context import ContextWindowOverview
@@ -36,6 +49,7 @@ from durable_memory.memory.errors import (
     DecisionRefused,
     DiffAlreadyDecided,
     DurableMemoryError,
+    UnknownDiff,
     validation_message,
 )
 from durable_memory.memory.formats import from_markdown
@@ -43,7 +57,7 @@ from durable_memory.memory.git_store import validate_author_name
 from durable_memory.memory.ids import validate_diff_id, validate_label, validate_user_id
 from durable_memory.memory.stack import MemoryStack
 from durable_memory.models.archive import ArchiveSearch, PassageHit
-from durable_memory.models.diffs import PendingDiff
+from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.history import Author, AuthorKind, CommitInfo
 from durable_memory.models.turn import (
     DecisionOutcome,
@@ -52,6 +66,7 @@ from durable_memory.models.turn import (
     RotationOutcome,
     SweepInput,
     TurnInput,
+    TurnOutcome,
     TurnReply,
     rotation_workflow_id,
     turn_workflow_id,
@@ -59,11 +74,55 @@ from durable_memory.models.turn import (
 from durable_memory.workers.worker import stack_from_settings
 from durable_memory.workflows.common import USER_ID
 from durable_memory.workflows.rotation import RotationSweepWorkflow, RotationWorkflow
-from durable_memory.workflows.turn import TurnWorkflow
+from durable_memory.workflows.turn import (
+    DECISION_REFUSED,
+    DIFF_ALREADY_DECIDED,
+    TURN_WORKFLOW,
+    UNKNOWN_DIFF,
+    TurnWorkflow,
+    already_decided,
+)
 
 
 class TemporalUnavailable(DurableMemoryError):
     """Temporal cannot be reached, or refused the request."""
+
+
+class TurnFailed(DurableMemoryError):
+    """The turn ended with a failure: its input was refused, or a step failed for good (the
+    message names the step)."""
+
+
+class DecisionLost(DiffAlreadyDecided):
+    """A decision that did not apply because the diff was decided first: `outcome` is what
+    did apply (status, commit, who decided and when)."""
+
+    def __init__(self, message: str, outcome: DecisionOutcome | None) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class DecisionNotApplied(DecisionRefused):
+    """A decision that reached its turn and was refused there (the activity failed, the
+    approval conflicted or has no commit): `outcome` is the diff's state, if known."""
+
+    def __init__(self, message: str, outcome: DecisionOutcome | None) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class DecisionBusy(DurableMemoryError):
+    """Temporal refused the decision's Update for its per-workflow Update limits (10 in
+    flight, 2,000 per run) even after backing off. Nothing was decided: retry later, or send
+    the decision as a signal (`wait=False`)."""
+
+    retryable = True
+
+
+BUSY_ATTEMPTS = 6
+BUSY_FIRST_DELAY_S = 0.2
+"""Backoff for an Update refused at the in-flight limit: 0.2, 0.4, ... 1.6 s (~3 s in all)."""
+ACCEPTED = UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_ACCEPTED
 
 
 async def connect_temporal(settings: Settings) -> Client:
@@ -96,10 +155,17 @@ def _checked(model: type[Any], **values: Any) -> Any:
 
 
 class MemoryClient:
+    """Use as an async context manager (`async with await MemoryClient.connect() as c:`), or
+    call `close()`; leaving one open at interpreter exit is safe too."""
+
+    busy_attempts = BUSY_ATTEMPTS
+    busy_first_delay_s = BUSY_FIRST_DELAY_S
+
     def __init__(self, client: Client, settings: Settings, stack: MemoryStack) -> None:
         self.client = client
         self.settings = settings
         self.stack = stack
+        self._closed = False
 
     @classmethod
     async def connect(cls, settings: Settings | None = None) -> "MemoryClient":
@@ -107,8 +173,26 @@ class MemoryClient:
         client = await connect_temporal(settings)
         return cls(client, settings, stack_from_settings(settings))
 
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
     def close(self) -> None:
+        """Close the memory store (idempotent). The Temporal connection has no close in the
+        SDK: it ends when the last reference goes, so collect it now, while the interpreter
+        is whole, rather than during its finalisation (sdk-python issue #300)."""
+        if self._closed:
+            return
+        self._closed = True
         self.stack.close()
+        gc.collect()
 
     # -- turns -----------------------------------------------------------------------------
 
@@ -127,9 +211,10 @@ class MemoryClient:
             approval_ttl_s=self.settings.turn.approval_ttl_s,
             activities=self.settings.activities,
         )
-        start = WithStartWorkflowOperation(
-            TurnWorkflow.run,
+        start: WithStartWorkflowOperation[Any, TurnOutcome] = WithStartWorkflowOperation(
+            TURN_WORKFLOW,
             turn,
+            result_type=TurnOutcome,
             id=turn_workflow_id(user_id, turn.turn_id),
             task_queue=self.settings.temporal.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
@@ -140,8 +225,10 @@ class MemoryClient:
             result: TurnReply = await self.client.execute_update_with_start_workflow(
                 TurnWorkflow.reply, start_workflow_operation=start
             )
-        except (WorkflowUpdateFailedError, RPCError) as error:
-            raise TemporalUnavailable(f"the turn failed: {_cause(error)}") from None
+        except WorkflowUpdateFailedError as error:
+            raise TurnFailed(f"the turn failed: {_cause(error)}") from None
+        except RPCError as error:
+            raise TemporalUnavailable(f"the turn could not start: {error.message}") from None
         return result
 
     # -- decisions -------------------------------------------------------------------------
@@ -221,21 +308,83 @@ class MemoryClient:
         )
         try:
             if not wait:
-                signal = TurnWorkflow.approve if kind == "approve" else TurnWorkflow.reject
-                await handle.signal(signal, decision)
+                await handle.signal(kind, decision)
                 return None
-            outcome: DecisionOutcome = await handle.execute_update(TurnWorkflow.decide, decision)
-            return outcome
+            return await self._execute_decision(handle, decision)
         except WorkflowUpdateFailedError as error:
-            if _cause_type(error) == "DecisionRefused":
-                raise DecisionRefused(_cause(error)) from None
-            raise DiffAlreadyDecided(_cause(error)) from None
+            raise _decision_error(error) from None
         except RPCError as error:
+            if error.status is not RPCStatusCode.NOT_FOUND:
+                raise TemporalUnavailable(f"the decision was not sent: {error.message}") from None
+            # The turn has ended: the store has the diff's final state.
             current = await asyncio.to_thread(self.stack.service.diffs.get, diff_id, diff.user_id)
-            raise DiffAlreadyDecided(
-                f"diff {diff_id} is already {current.status.value}; its turn is no longer waiting "
-                f"({error.message})"
-            ) from None
+            if current.status is DiffStatus.PENDING:
+                raise DecisionRefused(
+                    f"diff {diff_id} is pending but its turn is no longer waiting ({error.message})"
+                ) from None
+            outcome = DecisionOutcome(
+                diff_id=current.id,
+                status=current.status,
+                commit_sha=current.commit_sha,
+                message=current.decision_reason or "",
+                label=current.label,
+                decided_by=current.decided_by,
+                decided_at=current.decided_at,
+            )
+            raise DecisionLost(already_decided(outcome).message, outcome) from None
+
+    async def _execute_decision(
+        self, handle: WorkflowHandle[Any, Any], decision: DiffDecision
+    ) -> DecisionOutcome:
+        """The `decide` Update with a bounded retry of our own: the SDK's retries an Update
+        that Temporal refuses for the workflow's Update limits (RESOURCE_EXHAUSTED) without
+        end, so the request is sent with its retries off, under one Update id (a resend of
+        an admitted one attaches to it), and DecisionBusy comes once the attempts are spent.
+        """
+        update_id = uuid.uuid4().hex
+        request = UpdateWorkflowExecutionRequest(
+            namespace=self.client.namespace,
+            workflow_execution=WorkflowExecution(workflow_id=handle.id),
+            request=UpdateRequest(
+                meta=UpdateMeta(update_id=update_id, identity=self.client.identity),
+                input=UpdateInput(
+                    name="decide",
+                    args=Payloads(payloads=await self.client.data_converter.encode([decision])),
+                ),
+            ),
+            wait_policy=WaitPolicy(lifecycle_stage=ACCEPTED),
+        )
+        delay = self.busy_first_delay_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = await self.client.workflow_service.update_workflow_execution(
+                    request, retry=False
+                )
+            except RPCError as error:
+                if error.status not in BUSY_STATUSES and not _total_update_limit(error):
+                    raise
+                if attempt >= self.busy_attempts or _total_update_limit(error):
+                    raise DecisionBusy(
+                        f"diff {decision.diff_id}: nothing decided, Temporal refused the "
+                        f"decision {attempt} time(s) ({error.message}); retry later, or "
+                        "send it as a signal (wait=False)"
+                    ) from None
+                await asyncio.sleep(delay)
+                delay *= 2
+                continue
+            if response.stage < ACCEPTED:  # the server's long poll ended first: ask again
+                continue
+            if response.outcome.HasField("failure"):  # refused by the validator
+                cause = await self.client.data_converter.decode_failure(response.outcome.failure)
+                raise WorkflowUpdateFailedError(cause)
+            outcome: DecisionOutcome = await handle.get_update_handle(
+                update_id,
+                workflow_run_id=response.update_ref.workflow_execution.run_id,
+                result_type=DecisionOutcome,
+            ).result()
+            return outcome
 
     # -- a person's own memory -------------------------------------------------------------
 
@@ -316,6 +465,44 @@ class MemoryClient:
         return rotation.schedule_id
 
 
+BUSY_STATUSES = (
+    RPCStatusCode.RESOURCE_EXHAUSTED,  # "limit on number of concurrent in-flight updates"
+    RPCStatusCode.ABORTED,  # an admitted Update dropped before the workflow took it
+    RPCStatusCode.UNAVAILABLE,
+)
+"""Refusals of an Update that waiting may cure (server: history/workflow/update/registry.go)."""
+
+
+def _total_update_limit(error: RPCError) -> bool:
+    """FAILED_PRECONDITION "limit on number of total updates has been reached": the run has
+    had its 2,000 Updates; waiting does not help, a signal still works."""
+    return error.status is RPCStatusCode.FAILED_PRECONDITION and "total updates" in (error.message)
+
+
+def _decision_error(error: WorkflowUpdateFailedError) -> DurableMemoryError:
+    """The workflow's refusal of a decision as the domain error it is."""
+    cause = _application_cause(error)
+    message = cause.message if cause is not None else str(error)
+    kind = cause.type if cause is not None else None
+    outcome = _details_outcome(cause)
+    if kind == DIFF_ALREADY_DECIDED:
+        return DecisionLost(message, outcome)
+    if kind == DECISION_REFUSED:
+        return DecisionNotApplied(message, outcome)
+    if kind == UNKNOWN_DIFF:
+        return UnknownDiff(message)
+    return DurableMemoryError(message)
+
+
+def _details_outcome(cause: ApplicationError | None) -> DecisionOutcome | None:
+    if cause is None or not cause.details:
+        return None
+    try:
+        return DecisionOutcome.model_validate(cause.details[0])
+    except ValidationError:
+        return None
+
+
 def _application_cause(error: BaseException) -> ApplicationError | None:
     cause = error.__cause__ or getattr(error, "cause", None)
     while cause is not None and not isinstance(cause, ApplicationError):
@@ -326,8 +513,3 @@ def _application_cause(error: BaseException) -> ApplicationError | None:
 def _cause(error: BaseException) -> str:
     cause = _application_cause(error)
     return cause.message if cause is not None else str(error)
-
-
-def _cause_type(error: BaseException) -> str | None:
-    cause = _application_cause(error)
-    return cause.type if cause is not None else None

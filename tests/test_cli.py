@@ -210,7 +210,7 @@ def test_demo_runs_in_a_fresh_process() -> None:
     assert summary["temporal_ui"].startswith("http://127.0.0.1:")
     assert sorted(summary["diffs"].values()) == ["approved", "approved", "approved", "rejected"]
     assert [t["turn_id"] for t in summary["turns"]] == ["demo-1", "demo-2"]
-    assert summary["turns"][0]["workflow_id"] == "turn-alice-demo-1"
+    assert summary["turns"][0]["workflow_id"] == "turn:alice:demo-1"
     assert summary["rotation"]["commit"] == summary["commits"][0]
     assert summary["search_hits"][0] in summary["rotation"]["passages"]
 

@@ -256,11 +256,11 @@ async def test_the_update_validator_refuses_before_history(
         ]
         for decision in attempts:
             with pytest.raises(WorkflowUpdateFailedError):
-                await handle.execute_update(TurnWorkflow.decide, decision)
+                await handle.execute_update("decide", decision)
         await rig.client.reject(real, "ms-rivera", "no")
         with pytest.raises(WorkflowUpdateFailedError):
             await handle.execute_update(
-                TurnWorkflow.decide,
+                "decide",
                 DiffDecision(diff_id=real, user_id="erin", decision="approve", approver="m"),
             )
         events = (await handle.fetch_history()).events

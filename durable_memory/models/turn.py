@@ -2,11 +2,13 @@
 
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from durable_memory.config import ActivitiesSettings
+from durable_memory.memory.errors import InvalidIdentifier
+from durable_memory.memory.ids import validate_user_id
 from durable_memory.models.blocks import RotationStrategyName
 from durable_memory.models.diffs import DiffStatus
 
@@ -22,12 +24,28 @@ class TurnStatus(StrEnum):
     COMMITTING = "committing"
     DONE = "done"
     EXPIRED = "expired"
+    FAILED = "failed"
+    """A step failed for good (or the input was invalid): the workflow failed, naming it."""
+
+
+def _user_id(value: str) -> str:
+    try:
+        return validate_user_id(value)
+    except InvalidIdentifier as error:  # pydantic reports a ValueError as the field's problem
+        raise ValueError(str(error)) from None
+
+
+UserId = Annotated[str, AfterValidator(_user_id)]
+"""A user id, refused with `validate_user_id`'s message wherever a model carries one."""
 
 
 class TurnInput(BaseModel):
+    """A turn's input. Validated strictly by the workflow itself (see workflows/turn.py), so a
+    caller in any language gets a refusal naming the field, not a workflow task retried."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    user_id: str
+    user_id: UserId
     turn_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
     max_steps: int = Field(default=8, ge=1, le=50)
@@ -39,11 +57,19 @@ class TurnInput(BaseModel):
         return timedelta(seconds=self.approval_ttl_s)
 
 
+ID_SEPARATOR = ":"
+"""Joins a user id and a caller-chosen id in a workflow id. Neither a user id
+(`[A-Za-z0-9_-]`) nor a turn id (`[A-Za-z0-9_.-]`) may contain it, so each workflow id names
+exactly one (user, turn): with '-', user `a-b` turn `c` and user `a` turn `b-c` shared one."""
+
+
 def turn_workflow_id(user_id: str, turn_id: str) -> str:
-    return f"turn-{user_id}-{turn_id}"
+    return f"turn{ID_SEPARATOR}{user_id}{ID_SEPARATOR}{turn_id}"
 
 
 def rotation_workflow_id(user_id: str, label: str) -> str:
+    """Unambiguous with '-': a label (`[a-z][a-z0-9_]`) has no '-', so the last '-' ends the
+    user id. Kept as it is because running rotations and recorded histories carry it."""
     return f"rotation-{user_id}-{label}"
 
 
@@ -126,10 +152,12 @@ class TurnReply(BaseModel):
 
 
 class DiffDecision(BaseModel):
+    """A human decision, validated strictly by the workflow like TurnInput."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     diff_id: str = Field(pattern=r"^[0-9a-f]{32}$")
-    user_id: str
+    user_id: UserId
     decision: Literal["approve", "reject"]
     approver: str = Field(min_length=1, max_length=100)
     reason: str | None = Field(default=None, max_length=2000)
@@ -149,6 +177,16 @@ class DecisionOutcome(BaseModel):
     label: str | None = None
     decided_by: str | None = None
     decided_at: datetime | None = None
+
+
+class RejectedSignals(BaseModel):
+    """Decision signals a turn refused (bad payload, unknown or already-decided diff): a
+    signal has no caller to answer, so the count and the latest reasons are kept here."""
+
+    model_config = ConfigDict(frozen=True)
+
+    count: int = 0
+    recent: list[str] = []
 
 
 class TurnOutcome(BaseModel):

@@ -6,18 +6,34 @@ signals (`approve`, `reject`: fire-and-forget, accepted while workers are down) 
 `decide` Update, whose validator refuses unknown, foreign or already-decided diffs before
 anything enters history. The reply is returned through the `reply` Update, so a caller that
 starts the turn with update-with-start gets it in the same call.
+
+Strict boundary: the input, the Update and the signals take raw payloads and validate them
+here, so a caller in any language (default JSON converter) with an unknown, missing or
+mistyped field gets an `InvalidInput` failure naming the field, never a workflow task that
+fails and retries forever. Decisions are serialised through one queue and each is decided
+again when its turn comes: the loser of a race gets `DiffAlreadyDecided` with the real
+outcome (status, commit, who decided), never the winner's outcome as its own.
+
+A step that fails for good (retries exhausted or non-retryable) ends the turn with a short
+`TurnFailed` error naming the step; the `reply` Update and the workflow result carry it.
+Diffs the failed turn had proposed are expired (nobody was shown them in a reply), so none
+stays pending without a turn waiting for its decision.
 """
 
 import contextlib
 from datetime import timedelta
+from typing import TypeVar
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.common import RawValue
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import BaseModel, ValidationError
+
     from durable_memory.activities.turn import TurnActivities
     from durable_memory.memory.agent import step_limit_note
-    from durable_memory.memory.errors import DurableMemoryError
+    from durable_memory.memory.errors import DurableMemoryError, validation_message
     from durable_memory.memory.git_store import validate_author_name
     from durable_memory.models.diffs import DiffStatus
     from durable_memory.models.turn import (
@@ -25,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
         DiffDecision,
         FinishInput,
         ProposedDiff,
+        RejectedSignals,
         RotationCandidate,
         RotationInput,
         StepInput,
@@ -34,7 +51,12 @@ with workflow.unsafe.imports_passed_through():
         TurnStatus,
         turn_workflow_id,
     )
-    from durable_memory.workflows.common import PENDING_DIFFS, TURN_STATUS, activity_options
+    from durable_memory.workflows.common import (
+        PENDING_DIFFS,
+        TURN_STATUS,
+        USER_ID,
+        activity_options,
+    )
     from durable_memory.workflows.rotation import start_rotation
 
 
@@ -43,25 +65,130 @@ ANSWER_BEFORE_ROTATION_CHECK = "answer-decision-before-rotation-check"
 """Patch: a decision's Update is answered once its commit exists; the rotation check after
 it no longer delays the approver. Histories recorded before it replay the old order."""
 
+TURN_WORKFLOW = "TurnWorkflow"
+"""The workflow type name a caller in another language starts."""
 
-@workflow.defn
+INVALID_INPUT = "InvalidInput"
+TURN_FAILED = "TurnFailed"
+UNKNOWN_DIFF = "UnknownDiff"
+DIFF_ALREADY_DECIDED = "DiffAlreadyDecided"
+DECISION_REFUSED = "DecisionRefused"
+"""The decision reached its turn but was not applied (the activity failed, the approval
+conflicted or could not commit); the failure's details carry the outcome, if there is one."""
+MAX_FAILURE_BYTES = 900
+"""Failure messages stay under 1 KiB, so an operator never sees only "exceeds size limit"."""
+RECENT_REJECTIONS = 10
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def short_message(text: str, limit: int = MAX_FAILURE_BYTES) -> str:
+    """`text` cut to at most `limit` UTF-8 bytes, on a character boundary."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    return data[: limit - 3].decode("utf-8", "ignore") + "..."
+
+
+def decode_input(raw: RawValue, model: type[M]) -> M:
+    """Validate a raw JSON payload strictly as `model` (unknown, missing and mistyped fields
+    all refused); ApplicationError(InvalidInput) naming the fields if it does not fit."""
+    what = f"invalid {model.__name__}"
+    if raw.payload.metadata.get("encoding") != b"json/plain":
+        raise ApplicationError(
+            f"{what}: expected a JSON object", type=INVALID_INPUT, non_retryable=True
+        )
+    try:
+        return model.model_validate_json(raw.payload.data, strict=True)
+    except ValidationError as error:
+        message = short_message(validation_message(error, what))
+        raise ApplicationError(message, type=INVALID_INPUT, non_retryable=True) from None
+
+
+def _step_failure(error: ActivityError) -> ApplicationError:
+    """A short failure naming the step: `<activity> failed: <cause>`."""
+    step = error.activity_type.removeprefix("dmem.")
+    cause = error.cause
+    reason = cause.message if isinstance(cause, FailureError) else error.message
+    if isinstance(cause, ApplicationError) and cause.type:
+        reason = f"{cause.type}: {reason}"
+    return ApplicationError(
+        short_message(f"{step} failed: {reason}"), type=TURN_FAILED, non_retryable=True
+    )
+
+
+def already_decided(outcome: DecisionOutcome) -> ApplicationError:
+    """What the loser of a decision race is told: the outcome that did apply, and by whom."""
+    text = f"diff {outcome.diff_id} is already {outcome.status.value}"
+    if outcome.decided_by:
+        text += f" by {outcome.decided_by}"
+    if outcome.commit_sha:
+        text += f" (commit {outcome.commit_sha[:12]})"
+    if outcome.message:
+        text += f": {outcome.message}"
+    return ApplicationError(
+        short_message(text), outcome, type=DIFF_ALREADY_DECIDED, non_retryable=True
+    )
+
+
+def _own_outcome(decision: DiffDecision, outcome: DecisionOutcome) -> bool:
+    """Whether the activity's outcome is this decision's (applied or refused), rather than
+    a decision made before it reached the store."""
+    if outcome.status is DiffStatus.PENDING:
+        return True
+    if outcome.decided_by not in (None, decision.approver):
+        return False
+    if decision.decision == "approve":
+        return outcome.status in (DiffStatus.APPROVED, DiffStatus.CONFLICTED)
+    return outcome.status is DiffStatus.REJECTED
+
+
+@workflow.defn(name=TURN_WORKFLOW)
 class TurnWorkflow:
-    def __init__(self) -> None:
+    @workflow.init
+    def __init__(self, turn: RawValue) -> None:
+        # Decoded here, before any handler runs: the `reply` Update of an update-with-start
+        # can then answer a refused input with its message.
         self._turn: TurnInput | None = None
+        self._failure: ApplicationError | None = None
+        try:
+            self._turn = decode_input(turn, TurnInput)
+        except ApplicationError as error:
+            self._failure = error
         self._reply: TurnReply | None = None
         self._status = TurnStatus.REPLYING
+        self._proposed: list[str] = []
         self._open: dict[str, ProposedDiff] = {}
         self._outcomes: dict[str, DecisionOutcome] = {}
         self._queue: list[tuple[int, DiffDecision]] = []
-        self._answers: dict[int, DecisionOutcome | str] = {}
+        self._answers: dict[int, DecisionOutcome | ApplicationError] = {}
         self._tickets = 0
+        self._closed = False
+        self._details = ""
+        self._rejected = 0
+        self._recent_rejections: list[str] = []
 
     # -- the turn --------------------------------------------------------------------------
 
     @workflow.run
-    async def run(self, turn: TurnInput) -> TurnOutcome:
-        self._turn = turn
-        self._set_status(TurnStatus.REPLYING)
+    async def run(self, turn: RawValue) -> TurnOutcome:  # noqa: ARG002 (decoded in __init__)
+        if self._turn is None:
+            assert self._failure is not None
+            return await self._fail(self._failure)
+        try:
+            return await self._run(self._turn)
+        except ActivityError as error:
+            return await self._fail(_step_failure(error))
+
+    async def _run(self, turn: TurnInput) -> TurnOutcome:
+        # Set here, not by the starter, so a caller in any language gets them.
+        workflow.upsert_search_attributes(
+            [
+                USER_ID.value_set(turn.user_id),
+                TURN_STATUS.value_set(TurnStatus.REPLYING.value),
+                PENDING_DIFFS.value_set(0),
+            ]
+        )
         memory = activity_options(turn.activities.memory)
         await workflow.execute_activity_method(
             TurnActivities.prepare_turn,
@@ -69,13 +196,13 @@ class TurnWorkflow:
             summary="record the message, compile context",
             **memory,
         )
-        diff_ids, text, stopped = await self._steps(turn)
+        text, stopped = await self._steps(turn)
         finished = await workflow.execute_activity_method(
             TurnActivities.finish_turn,
             FinishInput(
                 user_id=turn.user_id,
                 turn_id=turn.turn_id,
-                diff_ids=diff_ids,
+                diff_ids=self._proposed,
                 stopped_at_step_limit=stopped,
                 max_steps=turn.max_steps,
             ),
@@ -100,8 +227,10 @@ class TurnWorkflow:
                     diff_id=diff.id, status=diff.status, label=diff.label
                 )
         if self._open:
-            workflow.set_current_details(finished.details_markdown)
+            self._details = finished.details_markdown
+            self._show_details()
             await self._await_decisions(turn)
+        self._close_decisions()
         final = (
             TurnStatus.EXPIRED
             if any(o.status is DiffStatus.EXPIRED for o in self._outcomes.values())
@@ -116,9 +245,33 @@ class TurnWorkflow:
             status=final,
         )
 
-    async def _steps(self, turn: TurnInput) -> tuple[list[str], str, bool]:
-        """The agent loop: (diff ids proposed, last reply text, stopped at the step limit)."""
-        diff_ids: list[str] = []
+    async def _fail(self, failure: ApplicationError) -> TurnOutcome:
+        """End the turn with `failure`: its diffs expired, waiting callers answered."""
+        self._failure = failure
+        self._close_decisions()
+        undecided = [d for d in self._proposed if d not in self._outcomes]
+        if undecided and self._turn is not None:
+            try:
+                outcomes = await workflow.execute_activity_method(
+                    TurnActivities.expire_diffs,
+                    undecided,
+                    summary=f"expire {len(undecided)} diff(s) of the failed turn",
+                    **activity_options(self._turn.activities.memory),
+                )
+                for outcome in outcomes:
+                    self._resolve(outcome)
+            except ActivityError as error:  # the turn's own failure is the one to report
+                workflow.logger.warning("could not expire the failed turn's diffs: %s", error)
+        self._close_decisions()
+        self._set_status(TurnStatus.FAILED)
+        self._details = f"**Turn failed**: {failure.message}"
+        self._show_details()
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        raise failure
+
+    async def _steps(self, turn: TurnInput) -> tuple[str, bool]:
+        """The agent loop: (last reply text, stopped at the step limit); the diffs it proposes
+        are collected in `self._proposed`."""
         text = ""
         for step in range(1, turn.max_steps + 1):
             where = StepInput(user_id=turn.user_id, turn_id=turn.turn_id, step=step)
@@ -130,18 +283,18 @@ class TurnWorkflow:
             )
             text = result.text
             if result.tool_calls == 0:
-                return diff_ids, text, False
+                return text, False
             tools = await workflow.execute_activity_method(
                 TurnActivities.run_tools,
                 where,
                 summary=f"run {result.tool_calls} tool call(s) of step {step}",
                 **activity_options(turn.activities.memory),
             )
-            diff_ids.extend(tools.diff_ids)
+            self._proposed.extend(tools.diff_ids)
             for old in tools.superseded:
                 if old.turn_id and old.turn_id != turn.turn_id:
                     await self._tell_superseded(turn.user_id, old.turn_id, old.diff_id)
-        return diff_ids, text, True
+        return text, True
 
     async def _tell_superseded(self, user_id: str, turn_id: str, diff_id: str) -> None:
         """End the older turn's wait for a diff this turn superseded."""
@@ -170,6 +323,9 @@ class TurnWorkflow:
             if workflow.now() >= deadline:
                 break
         if self._open:
+            # No decision is taken from here on: one queued during the expiry would wait
+            # for an answer that never comes.
+            self._close_decisions()
             outcomes = await workflow.execute_activity_method(
                 TurnActivities.expire_diffs,
                 list(self._open),
@@ -180,12 +336,8 @@ class TurnWorkflow:
                 self._resolve(outcome)
 
     async def _apply(self, turn: TurnInput, ticket: int, decision: DiffDecision) -> None:
-        if decision.diff_id not in self._open:
-            outcome = self._outcomes.get(decision.diff_id)
-            self._answer(
-                ticket,
-                outcome or f"diff {decision.diff_id} is not awaiting a decision in this turn",
-            )
+        if decision.diff_id not in self._open:  # decided while this one was queued
+            self._answer(ticket, decision, self._not_open(decision))
             return
         self._set_status(TurnStatus.COMMITTING)
         try:
@@ -197,31 +349,101 @@ class TurnWorkflow:
             )
         except ActivityError as error:
             self._set_status(TurnStatus.AWAITING_APPROVAL)
-            cause = error.cause.message if isinstance(error.cause, ApplicationError) else str(error)
-            self._answer(ticket, f"the decision on {decision.diff_id} was not applied: {cause}")
+            cause = error.cause.message if isinstance(error.cause, FailureError) else str(error)
+            refusal = ApplicationError(
+                short_message(f"the decision on {decision.diff_id} was not applied: {cause}"),
+                type=DECISION_REFUSED,
+                non_retryable=True,
+            )
+            self._answer(ticket, decision, refusal)
             return
-        self._resolve(outcome)
+        answer = self._judge(decision, outcome)
         early = workflow.patched(ANSWER_BEFORE_ROTATION_CHECK)
         if early:
-            self._answer(ticket, outcome)
-        if outcome.status is DiffStatus.APPROVED and outcome.commit_sha and outcome.label:
+            self._answer(ticket, decision, answer)
+        if answer is outcome and outcome.status is DiffStatus.APPROVED and outcome.label:
             await self._maybe_rotate(turn, outcome.label)
         self._set_status(TurnStatus.AWAITING_APPROVAL)
         if not early:
-            self._answer(ticket, outcome)
+            self._answer(ticket, decision, answer)
 
-    def _answer(self, ticket: int, answer: DecisionOutcome | str) -> None:
-        if ticket != SIGNAL_TICKET:  # an Update waits for it; a signal does not
+    def _judge(
+        self, decision: DiffDecision, outcome: DecisionOutcome
+    ) -> DecisionOutcome | ApplicationError:
+        """Record what the store says became of the diff, and what to answer its decider:
+        the outcome only if this decision applied and an approval has its commit."""
+        self._resolve(outcome)
+        if not _own_outcome(decision, outcome):
+            return already_decided(outcome)
+        committed = outcome.status is not DiffStatus.APPROVED or outcome.commit_sha is not None
+        if outcome.status in (DiffStatus.PENDING, DiffStatus.CONFLICTED) or not committed:
+            if not committed:  # stays open: approving again completes the commit
+                self._open.setdefault(outcome.diff_id, self._diff_of(outcome))
+                self._outcomes.pop(outcome.diff_id, None)
+            reason = outcome.message or "the approval has no commit yet"
+            return ApplicationError(
+                short_message(
+                    f"the {decision.decision} of diff {decision.diff_id} was not applied "
+                    f"(the diff is {outcome.status.value}): {reason}"
+                ),
+                outcome,
+                type=DECISION_REFUSED,
+                non_retryable=True,
+            )
+        return outcome
+
+    def _diff_of(self, outcome: DecisionOutcome) -> ProposedDiff:
+        for diff in self._reply.diffs if self._reply else []:
+            if diff.id == outcome.diff_id:
+                return diff
+        return ProposedDiff(
+            id=outcome.diff_id, label=outcome.label or "", summary="", status=outcome.status
+        )
+
+    def _not_open(self, decision: DiffDecision) -> ApplicationError:
+        """The truth for a decision on a diff this turn no longer (or never) waits for."""
+        done = self._outcomes.get(decision.diff_id)
+        if done is not None:
+            return already_decided(done)
+        if self._closed and decision.diff_id in self._open:
+            return ApplicationError(
+                f"diff {decision.diff_id}: the turn is closing and takes no more decisions",
+                type=DECISION_REFUSED,
+                non_retryable=True,
+            )
+        return ApplicationError(
+            f"diff {decision.diff_id} is not awaiting a decision in this turn",
+            type=UNKNOWN_DIFF,
+            non_retryable=True,
+        )
+
+    def _answer(
+        self, ticket: int, decision: DiffDecision, answer: DecisionOutcome | ApplicationError
+    ) -> None:
+        if ticket != SIGNAL_TICKET:  # an Update waits for it
             self._answers[ticket] = answer
+        elif isinstance(answer, ApplicationError):  # a signal has nobody to tell
+            self._reject_signal(f"{decision.decision} by {decision.approver}: {answer.message}")
+
+    def _close_decisions(self) -> None:
+        """Take no more decisions; answer every queued one with the truth."""
+        self._closed = True
+        while self._queue:
+            ticket, decision = self._queue.pop(0)
+            self._answer(ticket, decision, self._not_open(decision))
 
     async def _maybe_rotate(self, turn: TurnInput, label: str) -> None:
         candidate = RotationCandidate(user_id=turn.user_id, label=label)
-        needed = await workflow.execute_activity_method(
-            TurnActivities.needs_rotation,
-            candidate,
-            summary=f"check rotation of {label}",
-            **activity_options(turn.activities.memory),
-        )
+        try:
+            needed = await workflow.execute_activity_method(
+                TurnActivities.needs_rotation,
+                candidate,
+                summary=f"check rotation of {label}",
+                **activity_options(turn.activities.memory),
+            )
+        except ActivityError as error:  # the commit stands; the next sweep checks again
+            workflow.logger.warning("rotation check of %s failed: %s", label, error)
+            return
         if needed:
             await start_rotation(
                 RotationInput(user_id=turn.user_id, label=label, activities=turn.activities)
@@ -239,60 +461,98 @@ class TurnWorkflow:
             [TURN_STATUS.value_set(status.value), PENDING_DIFFS.value_set(len(self._open))]
         )
 
+    def _reject_signal(self, reason: str) -> None:
+        """A refused signal has no caller: log it, count it, show it in the current details."""
+        workflow.logger.warning("refused decision signal: %s", reason)
+        self._rejected += 1
+        self._recent_rejections = [*self._recent_rejections, short_message(reason, 300)][
+            -RECENT_REJECTIONS:
+        ]
+        self._show_details()
+
+    def _show_details(self) -> None:
+        details = self._details
+        if self._rejected:
+            details += (
+                f"\n\n**{self._rejected} decision signal(s) refused**; latest: "
+                f"{self._recent_rejections[-1]}"
+            )
+        workflow.set_current_details(details)
+
     # -- handlers --------------------------------------------------------------------------
 
     @workflow.update
     async def reply(self) -> TurnReply:
-        """Returns the reply as soon as it exists (the caller's update-with-start)."""
-        await workflow.wait_condition(lambda: self._reply is not None)
-        assert self._reply is not None
+        """Returns the reply as soon as it exists (the caller's update-with-start), or the
+        turn's failure if it fails first."""
+        await workflow.wait_condition(lambda: self._reply is not None or self._failure is not None)
+        if self._reply is None:
+            assert self._failure is not None
+            raise self._failure
         return self._reply
 
+    @reply.validator
+    def _validate_reply(self) -> None:
+        if self._turn is None and self._failure is not None:  # refused input: say why
+            raise self._failure
+
     def _check(self, decision: DiffDecision) -> None:
+        """Refuse what cannot be decided here. Passing does not promise the decision wins:
+        the handler decides again when its turn in the queue comes."""
         if self._turn is None or decision.user_id != self._turn.user_id:
-            raise ValueError(f"no diff {decision.diff_id} for user '{decision.user_id}'")
-        if decision.diff_id not in self._open:
-            done = self._outcomes.get(decision.diff_id)
-            if done is not None:
-                raise ValueError(f"diff {decision.diff_id} is already {done.status.value}")
-            raise ValueError(f"diff {decision.diff_id} is not awaiting a decision in this turn")
-        if any(queued.diff_id == decision.diff_id for _, queued in self._queue):
-            raise ValueError(f"diff {decision.diff_id} is already being decided")
+            raise ApplicationError(
+                f"no diff {decision.diff_id} for user '{decision.user_id}'",
+                type=UNKNOWN_DIFF,
+                non_retryable=True,
+            )
+        if decision.diff_id not in self._open or self._closed:
+            raise self._not_open(decision)
         try:  # the approver's name goes into a commit: refuse a bad one before history
             validate_author_name(decision.approver)
         except DurableMemoryError as error:
-            raise ValueError(str(error)) from None
+            raise ApplicationError(str(error), type=INVALID_INPUT, non_retryable=True) from None
 
     @workflow.update
-    async def decide(self, decision: DiffDecision) -> DecisionOutcome:
+    async def decide(self, decision: RawValue) -> DecisionOutcome:
+        checked = decode_input(decision, DiffDecision)
+        # A decision validated together with the one that closed its diff, or the turn,
+        # gets the truth now rather than waiting in a queue nobody reads any more.
+        if checked.diff_id not in self._open or self._closed:
+            raise self._not_open(checked)
         self._tickets += 1
         ticket = self._tickets
-        self._queue.append((ticket, decision))
+        self._queue.append((ticket, checked))
         await workflow.wait_condition(lambda: ticket in self._answers)
         answer = self._answers.pop(ticket)
-        if isinstance(answer, str):
-            raise ApplicationError(answer, type="DecisionRefused", non_retryable=True)
+        if isinstance(answer, ApplicationError):
+            raise answer
         return answer
 
     @decide.validator
-    def _validate_decide(self, decision: DiffDecision) -> None:
-        self._check(decision)
+    def _validate_decide(self, decision: RawValue) -> None:
+        self._check(decode_input(decision, DiffDecision))
 
-    def _enqueue_signal(self, decision: DiffDecision) -> None:
+    def _enqueue_signal(self, raw: RawValue, kind: str) -> None:
         try:
+            decision = decode_input(raw, DiffDecision)
+            if decision.decision != kind:
+                raise ApplicationError(
+                    f"the {kind} signal carries decision '{decision.decision}'",
+                    type=INVALID_INPUT,
+                )
             self._check(decision)
-        except ValueError as error:
-            workflow.logger.warning("ignored decision signal: %s", error)
+        except ApplicationError as error:
+            self._reject_signal(f"{kind}: {error.message}")
             return
         self._queue.append((SIGNAL_TICKET, decision))
 
     @workflow.signal
-    def approve(self, decision: DiffDecision) -> None:
-        self._enqueue_signal(decision.model_copy(update={"decision": "approve"}))
+    def approve(self, decision: RawValue) -> None:
+        self._enqueue_signal(decision, "approve")
 
     @workflow.signal
-    def reject(self, decision: DiffDecision) -> None:
-        self._enqueue_signal(decision.model_copy(update={"decision": "reject"}))
+    def reject(self, decision: RawValue) -> None:
+        self._enqueue_signal(decision, "reject")
 
     @workflow.signal
     def superseded(self, diff_id: str) -> None:
@@ -314,3 +574,7 @@ class TurnWorkflow:
     @workflow.query
     def status(self) -> TurnStatus:
         return self._status
+
+    @workflow.query
+    def rejected_signals(self) -> RejectedSignals:
+        return RejectedSignals(count=self._rejected, recent=self._recent_rejections)
