@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from temporalio.client import Client
 from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.client import MemoryClient
 from durable_memory.config import MemorySettings, Settings, TemporalSettings, TurnSettings
@@ -56,6 +57,13 @@ async def running_rig(
             yield Rig(MemoryClient(client, settings, stack), stack, server, settings)
         model.close()
     stack.close()
+
+
+async def default_converter_client(env: WorkflowEnvironment) -> Client:
+    """A client as another language's SDK is: the default JSON converter, plain dicts."""
+    return await Client.connect(
+        env.client.service_client.config.target_host, namespace=env.client.namespace
+    )
 
 
 async def turn_outcome(client: MemoryClient, user_id: str, turn_id: str) -> TurnOutcome:

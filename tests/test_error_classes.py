@@ -25,10 +25,8 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.activities.errors import (
-    MESSAGE_LIMIT,
     UNKNOWN_ERROR_ATTEMPTS,
     is_transient,
-    short_message,
     to_failure,
 )
 from durable_memory.config import (
@@ -38,7 +36,12 @@ from durable_memory.config import (
     RetrySettings,
     load_settings,
 )
-from durable_memory.memory.errors import DurableMemoryError, UnknownDiff
+from durable_memory.memory.errors import (
+    FAILURE_MESSAGE_BYTES,
+    DurableMemoryError,
+    UnknownDiff,
+    short_message,
+)
 from durable_memory.memory.llm import ModelCallError
 from durable_memory.memory.stack import MemoryStack
 from durable_memory.models.recall import MessageRole, NewMessage
@@ -147,13 +150,13 @@ def test_each_class_fails_as_it_should_with_a_short_named_message() -> None:
     assert attempts[-1].type == "ValidationError"
     assert "dmem.call_model failed on attempt 3" in attempts[-1].message
     for failure in [domain, *attempts]:
-        assert len(failure.message.encode("utf-8")) <= MESSAGE_LIMIT
+        assert len(failure.message.encode("utf-8")) <= FAILURE_MESSAGE_BYTES
 
 
 def test_short_message_cuts_on_a_character_boundary() -> None:
     assert short_message("short") == "short"
     cut = short_message("€" * 1000)
-    assert len(cut.encode("utf-8")) <= MESSAGE_LIMIT
+    assert len(cut.encode("utf-8")) <= FAILURE_MESSAGE_BYTES
     assert cut.endswith("[truncated]")
     assert set(cut.removesuffix(" [truncated]")) == {"€"}
 

@@ -15,7 +15,7 @@ from types import FrameType
 
 import pytest
 from temporalio.client import WorkflowFailureError
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.cli import main
@@ -365,17 +365,20 @@ async def test_a_turn_on_a_hostile_repository_fails_cleanly_and_the_next_succeed
         repo = service.git.repo_path("alice")
         _commit_entry(repo, "blocks/student.toml", "120000", _blob(repo, b"/etc/passwd"))
         before = snapshot(rig.stack)
-        with pytest.raises(DurableMemoryError):
+        with pytest.raises(DurableMemoryError) as told:
             await rig.client.send_message("alice", "hi", turn_id="h1")
+        assert "dmem.prepare_turn failed: UnsafeFile: users/alice/blocks/student.toml" in str(
+            told.value
+        )
         with pytest.raises(WorkflowFailureError) as failed:
             await turn_outcome(rig.client, "alice", "h1")
         cause = failed.value.cause
-        assert isinstance(cause, ActivityError)
-        assert isinstance(cause.cause, ApplicationError)
-        assert cause.cause.type == "UnsafeFile"
-        assert cause.cause.non_retryable
-        assert "users/alice/blocks/student.toml at " in cause.cause.message
-        assert "is a symbolic link" in cause.cause.message
+        assert isinstance(cause, ApplicationError)
+        assert cause.type == "TurnFailed"
+        assert cause.non_retryable
+        assert "users/alice/blocks/student.toml at " in cause.message
+        assert "is a symbolic link" in cause.message
+        assert cause.message.count("failed") == 1  # named once, not once per layer
         assert rig.model_server.requests == []
         assert snapshot(rig.stack) == before
 

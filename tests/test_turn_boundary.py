@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from temporalio.client import (
-    Client,
     WithStartWorkflowOperation,
     WorkflowFailureError,
     WorkflowUpdateFailedError,
@@ -24,14 +23,12 @@ from durable_memory.models.turn import RejectedSignals, rotation_workflow_id, tu
 from durable_memory.workflows.common import PENDING_DIFFS, TURN_STATUS, USER_ID
 from durable_memory.workflows.turn import TURN_WORKFLOW
 from tests.agent_helpers import edit_block
-from tests.temporal_helpers import rig_settings, running_rig, turn_outcome
-
-
-async def default_converter_client(env: WorkflowEnvironment) -> Client:
-    """A client as another language's SDK is: the default JSON converter, plain dicts."""
-    return await Client.connect(
-        env.client.service_client.config.target_host, namespace=env.client.namespace
-    )
+from tests.temporal_helpers import (
+    default_converter_client,
+    rig_settings,
+    running_rig,
+    turn_outcome,
+)
 
 
 def _cause(error: BaseException) -> ApplicationError:
@@ -200,7 +197,8 @@ async def test_a_failed_step_ends_the_turn_with_a_short_named_error(
             await turn_outcome(rig.client, "eve", "boom")
         cause = _cause(result.value)
         assert cause.type == "TurnFailed"
-        assert cause.message.startswith("call_model failed")
+        assert cause.message.startswith("dmem.call_model failed: ModelCallError: ")
+        assert cause.message.count("failed") == 1  # named once, not once per layer
         assert len(cause.message.encode()) < 1024
         # The diff the turn proposed before failing does not stay pending without a turn.
         assert [d.status for d in rig.stack.service.diffs.list("eve")] == ["expired"]

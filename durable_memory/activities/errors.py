@@ -24,25 +24,13 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, FailureError
 
 from durable_memory.faults import crash_point
-from durable_memory.memory.errors import DurableMemoryError
+from durable_memory.memory.errors import DurableMemoryError, short_message
 from durable_memory.memory.llm import ModelCallError
 
 UNKNOWN_ERROR_ATTEMPTS = 3
 """Attempts an unclassified error gets before its failure is made final."""
-MESSAGE_LIMIT = 1000
-"""Bytes of a failure message (UTF-8), below Temporal's and an operator's patience."""
-
 _SQLITE_BUSY = ("database is locked", "database table is locked", "database is busy")
 _GIT_LOCK_BUSY = (".lock': File exists", "Another git process seems to be running")
-
-
-def short_message(text: str, limit: int = MESSAGE_LIMIT) -> str:
-    """`text` cut to at most `limit` UTF-8 bytes, on a character boundary, marked if cut."""
-    data = text.encode("utf-8")
-    if len(data) <= limit:
-        return text
-    marker = " [truncated]"
-    return data[: limit - len(marker)].decode("utf-8", errors="ignore") + marker
 
 
 def is_transient(error: BaseException) -> bool:

@@ -108,3 +108,16 @@ def validation_message(error: ValidationError, what: str) -> str:
         where = ".".join(str(p) for p in item["loc"]) or "value"
         problems.append(f"{where}: {item['msg']}")
     return f"{what}: " + "; ".join(problems)
+
+
+FAILURE_MESSAGE_BYTES = 1000
+"""Failure messages stay under 1 KiB, so an operator never sees only "exceeds size limit"."""
+
+
+def short_message(text: str, limit: int = FAILURE_MESSAGE_BYTES) -> str:
+    """`text` cut to at most `limit` UTF-8 bytes, on a character boundary, marked if cut."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    marker = " [truncated]"
+    return data[: limit - len(marker)].decode("utf-8", errors="ignore") + marker

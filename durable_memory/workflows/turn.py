@@ -33,7 +33,11 @@ with workflow.unsafe.imports_passed_through():
 
     from durable_memory.activities.turn import TurnActivities
     from durable_memory.memory.agent import step_limit_note
-    from durable_memory.memory.errors import DurableMemoryError, validation_message
+    from durable_memory.memory.errors import (
+        DurableMemoryError,
+        short_message,
+        validation_message,
+    )
     from durable_memory.memory.git_store import validate_author_name
     from durable_memory.models.diffs import DiffStatus
     from durable_memory.models.turn import (
@@ -75,19 +79,9 @@ DIFF_ALREADY_DECIDED = "DiffAlreadyDecided"
 DECISION_REFUSED = "DecisionRefused"
 """The decision reached its turn but was not applied (the activity failed, the approval
 conflicted or could not commit); the failure's details carry the outcome, if there is one."""
-MAX_FAILURE_BYTES = 900
-"""Failure messages stay under 1 KiB, so an operator never sees only "exceeds size limit"."""
 RECENT_REJECTIONS = 10
 
 M = TypeVar("M", bound=BaseModel)
-
-
-def short_message(text: str, limit: int = MAX_FAILURE_BYTES) -> str:
-    """`text` cut to at most `limit` UTF-8 bytes, on a character boundary."""
-    data = text.encode("utf-8")
-    if len(data) <= limit:
-        return text
-    return data[: limit - 3].decode("utf-8", "ignore") + "..."
 
 
 def decode_input(raw: RawValue, model: type[M]) -> M:
@@ -106,15 +100,13 @@ def decode_input(raw: RawValue, model: type[M]) -> M:
 
 
 def _step_failure(error: ActivityError) -> ApplicationError:
-    """A short failure naming the step: `<activity> failed: <cause>`."""
-    step = error.activity_type.removeprefix("dmem.")
+    """A short failure naming the step. Our activities' own failures already read
+    `<activity> failed: <error type>: <message>`; a timeout or cancellation gets that form."""
     cause = error.cause
     reason = cause.message if isinstance(cause, FailureError) else error.message
-    if isinstance(cause, ApplicationError) and cause.type:
-        reason = f"{cause.type}: {reason}"
-    return ApplicationError(
-        short_message(f"{step} failed: {reason}"), type=TURN_FAILED, non_retryable=True
-    )
+    if not reason.startswith(error.activity_type):
+        reason = f"{error.activity_type} failed: {reason}"
+    return ApplicationError(short_message(reason), type=TURN_FAILED, non_retryable=True)
 
 
 def already_decided(outcome: DecisionOutcome) -> ApplicationError:
