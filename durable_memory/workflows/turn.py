@@ -244,14 +244,9 @@ class TurnWorkflow:
         undecided = [d for d in self._proposed if d not in self._outcomes]
         if undecided and self._turn is not None:
             try:
-                outcomes = await workflow.execute_activity_method(
-                    TurnActivities.expire_diffs,
-                    undecided,
-                    summary=f"expire {len(undecided)} diff(s) of the failed turn",
-                    **activity_options(self._turn.activities.memory),
+                await self._expire(
+                    self._turn, undecided, f"expire {len(undecided)} diff(s) of the failed turn"
                 )
-                for outcome in outcomes:
-                    self._resolve(outcome)
             except ActivityError as error:  # the turn's own failure is the one to report
                 workflow.logger.warning("could not expire the failed turn's diffs: %s", error)
         self._close_decisions()
@@ -318,14 +313,19 @@ class TurnWorkflow:
             # No decision is taken from here on: one queued during the expiry would wait
             # for an answer that never comes.
             self._close_decisions()
-            outcomes = await workflow.execute_activity_method(
-                TurnActivities.expire_diffs,
-                list(self._open),
-                summary=f"expire {len(self._open)} undecided diff(s)",
-                **activity_options(turn.activities.memory),
+            await self._expire(
+                turn, list(self._open), f"expire {len(self._open)} undecided diff(s)"
             )
-            for outcome in outcomes:
-                self._resolve(outcome)
+
+    async def _expire(self, turn: TurnInput, diff_ids: list[str], summary: str) -> None:
+        outcomes = await workflow.execute_activity_method(
+            TurnActivities.expire_diffs,
+            diff_ids,
+            summary=summary,
+            **activity_options(turn.activities.memory),
+        )
+        for outcome in outcomes:
+            self._resolve(outcome)
 
     async def _apply(self, turn: TurnInput, ticket: int, decision: DiffDecision) -> None:
         if decision.diff_id not in self._open:  # decided while this one was queued
