@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.client import MemoryClient
@@ -271,6 +272,20 @@ async def settle(campaign: Campaign) -> None:
             ledger.problem(where, repr(error))
 
 
+async def settle_rotations(ledger: Ledger, client: MemoryClient) -> None:
+    """Wait for the rotations the last approvals started (each user's latest run)."""
+    for user_id in USERS:
+        workflow_id = rotation_workflow_id(user_id, "human")
+        handle = client.client.get_workflow_handle(workflow_id, result_type=RotationOutcome)
+        try:
+            await bounded(handle.result())
+        except RPCError as error:
+            if error.status is not RPCStatusCode.NOT_FOUND:  # no rotation ever started
+                ledger.problem(workflow_id, repr(error))
+        except Exception as error:
+            ledger.problem(workflow_id, repr(error))
+
+
 def git_lines(repo: Path, *args: str) -> list[str]:
     done = subprocess.run(
         ["git", "-C", str(repo), *args], capture_output=True, text=True, check=False
@@ -483,6 +498,7 @@ async def test_random_kill_campaign(temporal_env: WorkflowEnvironment, tmp_path:
             await campaign.killing
             await settle(campaign)
             await asyncio.gather(*(next_turn_succeeds(ledger, client, u) for u in USERS))
+            await settle_rotations(ledger, client)
             workflows = await check_workflows(ledger, client)
         finally:
             supervisor.stop()
