@@ -38,7 +38,6 @@ from durable_memory.models.recall import MessageRole
 from durable_memory.models.turn import (
     DecisionOutcome,
     RotationOutcome,
-    TurnOutcome,
     TurnReply,
     rotation_workflow_id,
     turn_workflow_id,
@@ -46,7 +45,8 @@ from durable_memory.models.turn import (
 from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workers.worker import stack_from_settings
 from durable_memory.workflows.turn import TurnWorkflow
-from tests.agent_helpers import edit_block, git_status
+from tests.agent_helpers import edit_block
+from tests.temporal_helpers import turn_outcome
 from tests.worker_process import address, crash_settings, spawn_worker, stop_worker
 
 T = TypeVar("T")
@@ -163,7 +163,10 @@ class Ledger:
     sent: dict[tuple[str, str], str] = field(default_factory=dict)
     replies: dict[tuple[str, str], TurnReply] = field(default_factory=dict)
     decisions: dict[str, Decision] = field(default_factory=dict)
+    turn_said: dict[str, DecisionOutcome] = field(default_factory=dict)
+    """What each turn's outcome says of its diffs."""
     problems: list[str] = field(default_factory=list)
+    slowest_turn_s: float = 0.0
 
     def problem(self, where: str, what: str) -> None:
         self.problems.append(f"{where}: {what}")
@@ -187,7 +190,9 @@ class Campaign:
         while self.keep_going(turns):
             if not kinds:  # every kind of decision in each round of four turns
                 kinds = rng.sample(DECISIONS, len(DECISIONS))
+            began = time.monotonic()
             await self.turn(user_id, f"t{turns}", kinds.pop(), rng)
+            self.ledger.slowest_turn_s = max(self.ledger.slowest_turn_s, time.monotonic() - began)
             turns += 1
             await asyncio.sleep(rng.uniform(*PAUSE_S))
 
@@ -233,20 +238,18 @@ class Campaign:
             edited = REVIEWED_TASK.sub(lambda m: f"{m[1]}{task}\n\n", current, count=1)
         return await client.approve(diff_id, APPROVER, user_id=user_id, edited_markdown=edited)
 
-    async def turn_result(self, user_id: str, turn_id: str) -> TurnOutcome | None:
-        """The turn's outcome; None if it failed, which is clean only with a short
-        ApplicationError (an operator must see what failed, not a size-limit notice)."""
-        handle = self.client.client.get_workflow_handle(
-            turn_workflow_id(user_id, turn_id), result_type=TurnOutcome
-        )
+    async def turn_result(self, user_id: str, turn_id: str) -> None:
+        """Wait for the turn's end and keep what its outcome says of each diff. A failed turn
+        is clean only with a short ApplicationError (an operator must see what failed)."""
         try:
-            outcome: TurnOutcome = await handle.result()
+            outcome = await turn_outcome(self.client, user_id, turn_id)
         except WorkflowFailureError as error:
             cause = error.cause
             if not isinstance(cause, ApplicationError) or len(cause.message) >= 1024:
                 self.ledger.problem(f"{user_id}/{turn_id}", f"failed uncleanly: {cause!r}")
-            return None
-        return outcome
+            return
+        for decided in outcome.decisions:
+            self.ledger.turn_said[decided.diff_id] = decided
 
 
 async def settle(campaign: Campaign) -> None:
@@ -286,40 +289,34 @@ async def settle_rotations(ledger: Ledger, client: MemoryClient) -> None:
             ledger.problem(workflow_id, repr(error))
 
 
-def git_lines(repo: Path, *args: str) -> list[str]:
+def git(ledger: Ledger, repo: Path, *args: str) -> list[str]:
+    """The output lines of a git command in a user's repository; a failure is a problem."""
     done = subprocess.run(
         ["git", "-C", str(repo), *args], capture_output=True, text=True, check=False
     )
-    if done.returncode != 0:
-        raise AssertionError(f"git {' '.join(args)} in {repo}: {done.stderr.strip()}")
+    if done.returncode != 0 or done.stderr.strip():
+        ledger.problem(repo.name, f"git {' '.join(args)}: {(done.stdout + done.stderr).strip()}")
     return [line for line in done.stdout.splitlines() if line]
 
 
-def check_repository(ledger: Ledger, repo: Path, user_id: str) -> None:
-    fsck = subprocess.run(
-        ["git", "-C", str(repo), "fsck", "--strict", "--no-progress"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if fsck.returncode != 0 or fsck.stderr.strip():
-        ledger.problem(user_id, f"git fsck --strict: {(fsck.stdout + fsck.stderr).strip()}")
-    if status := git_status(repo):
-        ledger.problem(user_id, f"working tree not clean: {status!r}")
+def check_repository(ledger: Ledger, repo: Path) -> None:
+    git(ledger, repo, "fsck", "--strict", "--no-progress")
+    if status := git(ledger, repo, "status", "--porcelain"):
+        ledger.problem(repo.name, f"working tree not clean: {status}")
     locks = sorted(
         str(path.relative_to(repo))
         for path in (repo / ".git").rglob("*.lock")
         if path.name != "dmem-write.lock"  # the store's flock file, there by design
     )
     if locks:
-        ledger.problem(user_id, f"git lock files left behind: {locks}")
+        ledger.problem(repo.name, f"git lock files left behind: {locks}")
 
 
 def check_diffs(ledger: Ledger, client: MemoryClient, user_id: str) -> Counter[str]:
     """One commit per approved diff, none for any other; every caller told the truth."""
     repo = client.stack.service.git.repo_path(user_id)
     commits_of: dict[str, list[str]] = {}
-    for line in git_lines(repo, "log", "--format=%H %(trailers:key=Diff-Id,valueonly)", "HEAD"):
+    for line in git(ledger, repo, "log", "--format=%H %(trailers:key=Diff-Id,valueonly)", "HEAD"):
         sha, *named = line.split()
         for diff_id in named:
             commits_of.setdefault(diff_id, []).append(sha)
@@ -338,19 +335,23 @@ def check_diffs(ledger: Ledger, client: MemoryClient, user_id: str) -> Counter[s
             ledger.problem(where, f"commits {commits} carry its Diff-Id")
         if diff.status is DiffStatus.PENDING:
             ledger.problem(where, "still pending after every turn was settled")
+        truth = (diff.status, diff.commit_sha)
+        turn_said = ledger.turn_said.get(diff.id)
+        if turn_said is None and diff.status is not DiffStatus.PENDING:
+            ledger.problem(where, "no turn outcome tells what became of it")
         decision = ledger.decisions.get(diff.id)
         if decision is None:
             ledger.problem(where, "proposed but never shown in a reply")
             continue
         if decision.user_id != user_id:
             ledger.problem(where, f"was shown to {decision.user_id}")
-        told = decision.outcome
-        if told is not None and (told.status, told.commit_sha) != (diff.status, diff.commit_sha):
-            ledger.problem(
-                where,
-                f"{decision.kind} was answered {told.status.value} {told.commit_sha} "
-                f"but the diff is {diff.status.value} {diff.commit_sha}",
-            )
+        for teller, told in (("the decision", decision.outcome), ("the turn", turn_said)):
+            if told is not None and (told.status, told.commit_sha) != truth:
+                ledger.problem(
+                    where,
+                    f"after {decision.kind}, {teller} said {told.status.value} "
+                    f"{told.commit_sha} but the diff is {diff.status.value} {diff.commit_sha}",
+                )
         expected = (
             {DiffStatus.REJECTED}
             if decision.kind == "reject"
@@ -359,7 +360,11 @@ def check_diffs(ledger: Ledger, client: MemoryClient, user_id: str) -> Counter[s
         if diff.status not in expected:
             ledger.problem(where, f"after {decision.kind} it is {diff.status.value}")
         elif diff.status is DiffStatus.APPROVED and diff.commit_sha:
-            committed = client.stack.service.read_at(user_id, "human", diff.commit_sha)
+            try:
+                committed = client.stack.service.read_at(user_id, "human", diff.commit_sha)
+            except Exception as error:  # a broken repository is a finding, not a test crash
+                ledger.problem(where, f"its commit cannot be read: {error!r}")
+                continue
             if decision.kind == "edit":
                 wanted = reviewed_task(user_id, decision.turn_id)
                 if committed.get("current_task") != wanted:
@@ -431,7 +436,7 @@ async def check_workflows(ledger: Ledger, client: MemoryClient) -> Counter[str]:
             if outcome.rotated and outcome.commit_sha:
                 rotated.append(outcome.commit_sha)
         repo = client.stack.service.git.repo_path(user_id)
-        commits = git_lines(repo, "log", "--format=%H %(trailers:key=Rotation-Of,valueonly)")
+        commits = git(ledger, repo, "log", "--format=%H %(trailers:key=Rotation-Of,valueonly)")
         rotation_commits = [line.split()[0] for line in commits if len(line.split()) > 1]
         if sorted(rotation_commits) != sorted(rotated):
             ledger.problem(
@@ -442,7 +447,8 @@ async def check_workflows(ledger: Ledger, client: MemoryClient) -> Counter[str]:
     return kinds
 
 
-async def next_turn_succeeds(ledger: Ledger, client: MemoryClient, user_id: str) -> None:
+async def next_turn_succeeds(campaign: Campaign, user_id: str) -> None:
+    ledger, client = campaign.ledger, campaign.client
     turn_id = "after"
     message = f"{tag(user_id, turn_id)} one more thing about the robot arm"
     ledger.sent[(user_id, turn_id)] = message
@@ -458,17 +464,9 @@ async def next_turn_succeeds(ledger: Ledger, client: MemoryClient, user_id: str)
         decision.outcome = await bounded(client.approve(diff_id, APPROVER, user_id=user_id))
         if decision.outcome is None or decision.outcome.status is not DiffStatus.APPROVED:
             ledger.problem(where, f"the approval after the campaign gave {decision.outcome!r}")
-        await bounded(turn_outcome_of(client, user_id, turn_id))
+        await bounded(campaign.turn_result(user_id, turn_id))
     except Exception as error:
         ledger.problem(where, f"the turn after the campaign raised {error!r}")
-
-
-async def turn_outcome_of(client: MemoryClient, user_id: str, turn_id: str) -> TurnOutcome:
-    handle = client.client.get_workflow_handle(
-        turn_workflow_id(user_id, turn_id), result_type=TurnOutcome
-    )
-    outcome: TurnOutcome = await handle.result()
-    return outcome
 
 
 def campaign_seed() -> int:
@@ -497,21 +495,22 @@ async def test_random_kill_campaign(temporal_env: WorkflowEnvironment, tmp_path:
             )
             await campaign.killing
             await settle(campaign)
-            await asyncio.gather(*(next_turn_succeeds(ledger, client, u) for u in USERS))
+            await asyncio.gather(*(next_turn_succeeds(campaign, u) for u in USERS))
             await settle_rotations(ledger, client)
             workflows = await check_workflows(ledger, client)
         finally:
             supervisor.stop()
     statuses: Counter[str] = Counter()
     for user_id in USERS:
-        check_repository(ledger, stack.service.git.repo_path(user_id), user_id)
+        check_repository(ledger, stack.service.git.repo_path(user_id))
         statuses += check_diffs(ledger, client, user_id)
         check_recall(ledger, client, user_id)
     stack.close()
     print(
         f"seed {seed}: {supervisor.kills} kills, {len(ledger.sent)} turns, "
         f"{len(model.requests)} model requests, diffs {dict(statuses)}, "
-        f"workflows {dict(workflows)}, {time.monotonic() - started:.0f}s"
+        f"workflows {dict(workflows)}, slowest turn {ledger.slowest_turn_s:.0f}s, "
+        f"{time.monotonic() - started:.0f}s in all"
     )
     assert supervisor.kills == KILLS
     assert not ledger.problems, f"seed {seed} ({SEED_VARIABLE}={seed}):\n" + "\n".join(
