@@ -15,6 +15,7 @@ the scheduler still varies, so a failure is reproduced by running the seed a few
 """
 
 import asyncio
+import functools
 import os
 import random
 import re
@@ -126,10 +127,12 @@ class KillingSupervisor:
     """Runs `dmem worker` processes and SIGKILLs them at seeded random instants; after the
     last kill it starts the final worker, which stays up."""
 
-    def __init__(self, settings: Settings, temporal: str, model_url: str, rng: random.Random):
-        self.args = (settings, temporal, model_url)
+    def __init__(
+        self, settings: Settings, temporal: str, model_url: str, rng: random.Random, log: Path
+    ):
+        self.start = functools.partial(spawn_worker, settings, temporal, model_url, log=log)
         self.rng = rng
-        self.process = spawn_worker(*self.args)
+        self.process = self.start()
         self.kills = 0
 
     async def run(self, kills: int) -> None:
@@ -139,7 +142,7 @@ class KillingSupervisor:
             await asyncio.to_thread(self.process.wait, 30)
             self.kills += 1
             await asyncio.sleep(self.rng.uniform(*DEAD_S))
-            self.process = await asyncio.to_thread(spawn_worker, *self.args)
+            self.process = await asyncio.to_thread(self.start)
 
     def stop(self) -> None:
         stop_worker(self.process)
@@ -448,25 +451,13 @@ async def check_workflows(ledger: Ledger, client: MemoryClient) -> Counter[str]:
 
 
 async def next_turn_succeeds(campaign: Campaign, user_id: str) -> None:
-    ledger, client = campaign.ledger, campaign.client
+    """With the final worker up and no more kills, a user's next turn and its approval."""
     turn_id = "after"
-    message = f"{tag(user_id, turn_id)} one more thing about the robot arm"
-    ledger.sent[(user_id, turn_id)] = message
-    where = f"{user_id}/{turn_id}"
-    try:
-        reply = await bounded(client.send_message(user_id, message, turn_id=turn_id))
-        ledger.replies[(user_id, turn_id)] = reply
-        if reply.reply != expected_reply(user_id, turn_id) or len(reply.diffs) != 1:
-            ledger.problem(where, f"unexpected reply {reply!r}")
-            return
-        diff_id = reply.diffs[0].id
-        decision = ledger.decisions[diff_id] = Decision(user_id, turn_id, "approve")
-        decision.outcome = await bounded(client.approve(diff_id, APPROVER, user_id=user_id))
-        if decision.outcome is None or decision.outcome.status is not DiffStatus.APPROVED:
-            ledger.problem(where, f"the approval after the campaign gave {decision.outcome!r}")
-        await bounded(campaign.turn_result(user_id, turn_id))
-    except Exception as error:
-        ledger.problem(where, f"the turn after the campaign raised {error!r}")
+    await campaign.turn(user_id, turn_id, "approve", random.Random(campaign.ledger.seed))
+    reply = campaign.ledger.replies.get((user_id, turn_id))
+    told = [campaign.ledger.decisions[d.id].outcome for d in reply.diffs] if reply else []
+    if not told or any(t is None or t.status is not DiffStatus.APPROVED for t in told):
+        campaign.ledger.problem(f"{user_id}/{turn_id}", f"the turn after the campaign: {told}")
 
 
 def campaign_seed() -> int:
@@ -483,9 +474,10 @@ async def test_random_kill_campaign(temporal_env: WorkflowEnvironment, tmp_path:
     stack = stack_from_settings(settings)
     client = MemoryClient(temporal_env.client, settings, stack)
     ledger = Ledger(seed)
+    log = tmp_path / "workers.log"
     with ScriptedModelServer([], respond=respond) as model:
         supervisor = KillingSupervisor(
-            settings, address(temporal_env), model.url, random.Random(f"{seed}-kills")
+            settings, address(temporal_env), model.url, random.Random(f"{seed}-kills"), log
         )
         campaign = Campaign(client, ledger, supervisor)
         try:
@@ -513,6 +505,7 @@ async def test_random_kill_campaign(temporal_env: WorkflowEnvironment, tmp_path:
         f"{time.monotonic() - started:.0f}s in all"
     )
     assert supervisor.kills == KILLS
-    assert not ledger.problems, f"seed {seed} ({SEED_VARIABLE}={seed}):\n" + "\n".join(
-        ledger.problems
+    assert not ledger.problems, (
+        f"seed {seed} ({SEED_VARIABLE}={seed}), the workers' stderr in {log}:\n"
+        + "\n".join(ledger.problems)
     )
