@@ -7,7 +7,11 @@ exact context and tools a model was given (`GET /_scripted/requests` returns the
 Every response says it is scripted: the model name is prefixed with `scripted:` and the
 `x-scripted-model` header is set.
 
-Script entries (a JSON list, or `{"responses": [...]}`):
+Script entries (a JSON list, or `{"responses": [...]}`), or, for tests whose turns run
+concurrently and may be retried after a crash (so the order of requests is not known),
+`respond`: a function that returns the entry for each request from the request itself.
+
+Script entries:
 
 - `{"text": "Hello"}`: an `end_turn` reply with one text block;
 - `{"content": [...], "stop_reason": "tool_use"}`: content blocks as the API returns them;
@@ -18,7 +22,7 @@ Script entries (a JSON list, or `{"responses": [...]}`):
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -58,8 +62,10 @@ class ScriptedModelServer:
         port: int = 0,
         *,
         record_requests: bool = True,
+        respond: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ):
         self._script = list(script)
+        self._respond = respond
         self._record = record_requests
         self._lock = threading.Lock()
         self._next = 0
@@ -107,10 +113,13 @@ class ScriptedModelServer:
         with self._lock:
             if self._record:
                 self.requests.append(body)
-            if self._next >= len(self._script):
+            if self._respond is not None:
+                entry = self._respond(body)
+            elif self._next >= len(self._script):
                 message = f"scripted model: the script has no response left ({self._next} used)"
                 return 400, _error_body("invalid_request_error", message), {}
-            entry = self._script[self._next]
+            else:
+                entry = self._script[self._next]
             self._next += 1
             number = self._next
             if "status" in entry:

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 from temporalio.testing import WorkflowEnvironment
 
@@ -34,8 +35,10 @@ def spawn_worker(
     model_url: str,
     crash_at: str | None = None,
     marker: Path | None = None,
+    log: Path | None = None,
 ) -> subprocess.Popen[str]:
-    """Start `dmem worker` and return once it polls its task queue."""
+    """Start `dmem worker` and return once it polls its task queue (its stderr appended to
+    `log`, if given)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMEM_", "ANTHROPIC_"))}
     env.update(
         {
@@ -49,21 +52,40 @@ def spawn_worker(
     if crash_at:
         env.update({"DMEM_CRASH_AT": crash_at, "DMEM_CRASH_MARKER": str(marker)})
     return start_until_polling(
-        [sys.executable, "-m", "durable_memory.cli", "worker"], env, settings.memory.data_dir.parent
+        [sys.executable, "-m", "durable_memory.cli", "worker"],
+        env,
+        settings.memory.data_dir.parent,
+        log,
     )
 
 
-def start_until_polling(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
+def start_until_polling(
+    argv: list[str], env: dict[str, str], cwd: Path, log: Path | None = None
+) -> subprocess.Popen[str]:
     """Start a worker process and return once it says it polls its task queue. Its stderr is
-    drained in a thread, so a chatty worker never blocks on a full pipe."""
+    drained in a thread, so a chatty worker never blocks on a full pipe; with `log`, every
+    line is appended there, for a test that must show what its workers said."""
     process = subprocess.Popen(argv, env=env, text=True, stderr=subprocess.PIPE, cwd=cwd)
     assert process.stderr is not None
+    sink = open(log, "a", encoding="utf-8") if log else None  # noqa: SIM115 (the drain closes it)
     deadline = time.monotonic() + 60
     for line in process.stderr:
+        if sink:
+            sink.write(line)
         if "worker on task queue" in line or time.monotonic() > deadline:
             break
-    threading.Thread(target=process.stderr.read, daemon=True).start()
+    threading.Thread(target=_drain, args=(process.stderr, sink), daemon=True).start()
     return process
+
+
+def _drain(stream: IO[str], sink: IO[str] | None) -> None:
+    if sink is None:
+        stream.read()
+        return
+    with sink:
+        for line in stream:
+            sink.write(line)
+            sink.flush()
 
 
 def stop_worker(process: subprocess.Popen[str]) -> None:
