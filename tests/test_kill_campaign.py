@@ -32,7 +32,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
-from durable_memory.client import MemoryClient
+from durable_memory.client import DecisionNotApplied, MemoryClient
 from durable_memory.config import Settings
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.recall import MessageRole
@@ -217,6 +217,13 @@ class Campaign:
             self.ledger.decisions[diff.id] = decision
             try:
                 decision.outcome = await bounded(self.decide(user_id, turn_id, diff.id, kind))
+            except DecisionNotApplied as error:
+                # An approval that no longer applies (a rotation of the block committed since
+                # the proposal, which a reviewer's whole-block edit would overwrite) is
+                # conflicted, and the caller is told so: the truth, checked against the store.
+                if error.outcome is None or error.outcome.status is not DiffStatus.CONFLICTED:
+                    self.ledger.problem(where, f"{kind} of {diff.id} raised {error!r}")
+                decision.outcome = error.outcome
             except Exception as error:
                 self.ledger.problem(where, f"{kind} of {diff.id} raised {error!r}")
         try:
