@@ -445,6 +445,8 @@ GIT_LOCKS = [
     "packed-refs.lock",
     "config.lock",
     "ORIG_HEAD.lock",
+    "logs/refs/heads/main.lock",
+    "logs/HEAD.lock",
 ]
 
 

@@ -334,8 +334,9 @@ def _remove_stale_locks(git_dir: Path, user_id: str) -> bool:
     user's write lock: every writer of ours holds it, so no live writer owns them (a person
     running git by hand in the repository at this instant would lose their lock: documented)."""
     found = [p for p in git_dir.iterdir() if p.name.endswith(".lock") and p.name != _LOCK_FILE]
-    for root, _dirs, files in os.walk(git_dir / "refs"):  # never follows a symlinked directory
-        found.extend(Path(root) / name for name in files if name.endswith(".lock"))
+    for tree in ("refs", "logs"):  # ref files, and reflogs (GitPython locks those too)
+        for root, _dirs, files in os.walk(git_dir / tree):  # never follows a symlinked dir
+            found.extend(Path(root) / name for name in files if name.endswith(".lock"))
     for path in found:
         path.unlink(missing_ok=True)
         log.warning(
