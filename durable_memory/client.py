@@ -68,6 +68,7 @@ from durable_memory.models.turn import (
     TurnInput,
     TurnOutcome,
     TurnReply,
+    legacy_turn_workflow_id,
     rotation_workflow_id,
     turn_workflow_id,
 )
@@ -303,35 +304,48 @@ class MemoryClient:
             await asyncio.to_thread(
                 from_markdown, self.stack.service.spec(diff.label), edited_markdown
             )
-        handle = self.client.get_workflow_handle(
-            turn_workflow_id(diff.user_id, diff.proposed_by.removeprefix("turn:"))
+        turn_id = diff.proposed_by.removeprefix("turn:")
+        # A turn started before the unambiguous ids keeps its old id: tried second.
+        for workflow_id in (
+            turn_workflow_id(diff.user_id, turn_id),
+            legacy_turn_workflow_id(diff.user_id, turn_id),
+        ):
+            handle = self.client.get_workflow_handle(workflow_id)
+            try:
+                if workflow_id != turn_workflow_id(diff.user_id, turn_id):
+                    # An old id may be another user's turn ('a-b' + 'c' = 'a' + 'b-c').
+                    found = await handle.describe()
+                    if found.typed_search_attributes.get(USER_ID) != diff.user_id:
+                        continue
+                if not wait:
+                    await handle.signal(kind, decision)
+                    return None
+                return await self._execute_decision(handle, decision)
+            except WorkflowUpdateFailedError as error:
+                raise _decision_error(error) from None
+            except RPCError as error:
+                if error.status is not RPCStatusCode.NOT_FOUND:
+                    raise TemporalUnavailable(
+                        f"the decision was not sent: {error.message}"
+                    ) from None
+                gone = error  # this id names no turn that takes decisions
+        # Neither id names a running turn: it has ended, and the store has the diff's
+        # final state.
+        current = await asyncio.to_thread(self.stack.service.diffs.get, diff_id, diff.user_id)
+        if current.status is DiffStatus.PENDING:
+            raise DecisionRefused(
+                f"diff {diff_id} is pending but its turn is no longer waiting ({gone.message})"
+            ) from None
+        outcome = DecisionOutcome(
+            diff_id=current.id,
+            status=current.status,
+            commit_sha=current.commit_sha,
+            message=current.decision_reason or "",
+            label=current.label,
+            decided_by=current.decided_by,
+            decided_at=current.decided_at,
         )
-        try:
-            if not wait:
-                await handle.signal(kind, decision)
-                return None
-            return await self._execute_decision(handle, decision)
-        except WorkflowUpdateFailedError as error:
-            raise _decision_error(error) from None
-        except RPCError as error:
-            if error.status is not RPCStatusCode.NOT_FOUND:
-                raise TemporalUnavailable(f"the decision was not sent: {error.message}") from None
-            # The turn has ended: the store has the diff's final state.
-            current = await asyncio.to_thread(self.stack.service.diffs.get, diff_id, diff.user_id)
-            if current.status is DiffStatus.PENDING:
-                raise DecisionRefused(
-                    f"diff {diff_id} is pending but its turn is no longer waiting ({error.message})"
-                ) from None
-            outcome = DecisionOutcome(
-                diff_id=current.id,
-                status=current.status,
-                commit_sha=current.commit_sha,
-                message=current.decision_reason or "",
-                label=current.label,
-                decided_by=current.decided_by,
-                decided_at=current.decided_at,
-            )
-            raise DecisionLost(already_decided(outcome).message, outcome) from None
+        raise DecisionLost(already_decided(outcome).message, outcome) from None
 
     async def _execute_decision(
         self, handle: WorkflowHandle[Any, Any], decision: DiffDecision

@@ -13,13 +13,22 @@ from temporalio.client import (
     WorkflowFailureError,
     WorkflowUpdateFailedError,
 )
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.client import TurnFailed
 from durable_memory.config import ActivitiesSettings, ActivitySettings, RetrySettings
-from durable_memory.models.turn import RejectedSignals, rotation_workflow_id, turn_workflow_id
+from durable_memory.models.diffs import DiffStatus
+from durable_memory.models.turn import (
+    RejectedSignals,
+    TurnInput,
+    TurnOutcome,
+    TurnReply,
+    legacy_turn_workflow_id,
+    rotation_workflow_id,
+    turn_workflow_id,
+)
 from durable_memory.workflows.common import PENDING_DIFFS, TURN_STATUS, USER_ID
 from durable_memory.workflows.turn import TURN_WORKFLOW
 from tests.agent_helpers import edit_block
@@ -52,6 +61,39 @@ async def test_ids_with_dashes_never_share_a_workflow(
         assert first.workflow_id != second.workflow_id
         assert rig.model_server.remaining == 0  # the model was called for each
         assert (await turn_outcome(rig.client, "a", "b-c")).reply == "reply to a"
+
+
+async def test_a_turn_started_under_the_old_id_still_takes_decisions(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """Upgrade safety: a turn that was started as `turn-<user>-<turn>` and still awaits a
+    decision is found by the client under that id, and its diff is committed."""
+    script: list[dict[str, Any]] = [
+        {"content": [edit_block("student", field="name", operation="set", value="Olga")]},
+        {"text": "Hi Olga."},
+    ]
+    settings = rig_settings(tmp_path / "data")
+    async with running_rig(temporal_env.client, settings, script) as rig:
+        old_id = legacy_turn_workflow_id("olga", "before")
+        start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+            TURN_WORKFLOW,
+            TurnInput(user_id="olga", turn_id="before", message="I'm Olga"),
+            id=old_id,
+            task_queue=settings.temporal.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+            search_attributes=TypedSearchAttributes([SearchAttributePair(USER_ID, "olga")]),
+        )
+        reply = await temporal_env.client.execute_update_with_start_workflow(
+            "reply", start_workflow_operation=start, result_type=TurnReply
+        )
+        outcome = await rig.client.approve(reply.diffs[0].id, "ms-rivera")
+        assert outcome is not None
+        assert outcome.commit_sha is not None
+        assert rig.stack.service.read_block("olga", "student").fields["name"] == "Olga"
+        ended = await temporal_env.client.get_workflow_handle(
+            old_id, result_type=TurnOutcome
+        ).result()
+        assert [d.status for d in ended.decisions] == [DiffStatus.APPROVED]
 
 
 def test_workflow_ids_are_injective() -> None:

@@ -67,6 +67,14 @@ def turn_workflow_id(user_id: str, turn_id: str) -> str:
     return f"turn{ID_SEPARATOR}{user_id}{ID_SEPARATOR}{turn_id}"
 
 
+def legacy_turn_workflow_id(user_id: str, turn_id: str) -> str:
+    """The id turns had before ids were made unambiguous (`turn-<user>-<turn>`): turns started
+    then and still awaiting decisions keep it. Only the client's fallback uses it; the turn's
+    workflow checks the user of every decision, so reaching another user's turn this way
+    decides nothing."""
+    return f"turn-{user_id}-{turn_id}"
+
+
 def rotation_workflow_id(user_id: str, label: str) -> str:
     """Unambiguous with '-': a label (`[a-z][a-z0-9_]`) has no '-', so the last '-' ends the
     user id. Kept as it is because running rotations and recorded histories carry it."""
