@@ -8,7 +8,7 @@ A block's *value* (what the model sees inside `<value>`, what the char limit cou
 
 import unicodedata
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from durable_memory.memory.errors import BlockValidationError, CharLimitExceeded
 from durable_memory.models.blocks import (
@@ -238,13 +238,21 @@ def typed_lines(spec: BlockSpec, fields: BlockFields) -> list[ValueLine]:
     return lines
 
 
+CONTINUATION = "\n    "
+"""How a line break inside a field's value is rendered: the next line is indented, so no
+value can start a line of its own that reads as another field (`Outline\n[FACTS] ...`)."""
+
+
 def value_lines(spec: BlockSpec, fields: BlockFields) -> list[ValueLine]:
-    """The rendering of a typed block, one ValueLine per line (text blocks: not line-typed)."""
+    """The rendering of a typed block, one ValueLine per field line (text blocks: not
+    line-typed); a value's own line breaks continue its line, indented."""
     if spec.kind is BlockKind.PERSONA:
-        return persona_lines(fields)
-    if spec.kind is BlockKind.HUMAN:
-        return human_lines(fields)
-    return typed_lines(spec, fields)
+        lines = persona_lines(fields)
+    elif spec.kind is BlockKind.HUMAN:
+        lines = human_lines(fields)
+    else:
+        lines = typed_lines(spec, fields)
+    return [replace(line, text=line.text.replace("\n", CONTINUATION)) for line in lines]
 
 
 def render_value(spec: BlockSpec, fields: BlockFields) -> str:
