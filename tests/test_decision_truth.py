@@ -130,7 +130,20 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.parametrize("ending", ["close", "leave-open"])
+@pytest.mark.parametrize(
+    "ending",
+    [
+        "close",
+        pytest.param(
+            "leave-open",
+            marks=pytest.mark.xfail(
+                strict=False,
+                reason="temporalio/sdk-python#300: a Core thread can call into Python while the "
+                "interpreter finalizes (PyGILState_Release); seen once in ~10 runs, not fixed",
+            ),
+        ),
+    ],
+)
 async def test_a_client_process_exits_cleanly(
     temporal_env: WorkflowEnvironment, tmp_path: Path, ending: str
 ) -> None:
