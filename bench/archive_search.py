@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from bench.common import describe, latencies, machine
-from durable_memory.memory.archive_sqlite import SqliteArchive
-from durable_memory.memory.embedders import Embedder, Vector, default_embedder
-from durable_memory.memory.recall import fts_terms
+from durable_memory.memory.archive.embedders import Embedder, Vector, default_embedder
+from durable_memory.memory.archive.sqlite import SqliteArchive
+from durable_memory.memory.store.recall import fts_terms
 from durable_memory.models.archive import ArchiveSearch, NewPassage, PassageSource
 
 VOCABULARY = 5_000

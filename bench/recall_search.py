@@ -17,8 +17,8 @@ from typing import Any
 
 from bench.archive_search import zipf_texts, zipf_vocabulary
 from bench.common import describe, latencies, machine
-from durable_memory.memory.db import make_engine
-from durable_memory.memory.recall import RecallStore
+from durable_memory.memory.store.db import make_engine
+from durable_memory.memory.store.recall import RecallStore
 
 
 def _bulk(db: sqlite3.Connection, users: list[str], texts: list[str]) -> None:

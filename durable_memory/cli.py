@@ -15,21 +15,20 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.client import MemoryClient, connect_temporal
 from durable_memory.config import Settings, load_settings
-from durable_memory.memory.errors import DurableMemoryError, UnsafeFile, validation_message
-from durable_memory.memory.git_store import validate_author_name
-from durable_memory.memory.ids import validate_diff_id, validate_label, validate_user_id
-from durable_memory.memory.profiles import load_profile
+from durable_memory.memory.core.errors import DurableMemoryError, UnsafeFile, validation_message
+from durable_memory.memory.core.ids import validate_diff_id, validate_label, validate_user_id
+from durable_memory.memory.core.profiles import load_profile
 from durable_memory.memory.service import MemoryService
-from durable_memory.memory.stack import MemoryStack
+from durable_memory.memory.store.git_store import validate_author_name
 from durable_memory.models.archive import ArchiveSearch, TagMatch
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.recall import MessageRole
 from durable_memory.models.turn import DecisionOutcome
 from durable_memory.scripted_model import ScriptedModelServer, load_script
-from durable_memory.workers.worker import stack_from_settings
 
 EXIT_USER_ERROR = 2
 T = TypeVar("T")

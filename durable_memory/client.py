@@ -43,19 +43,19 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
+from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.config import Settings, load_settings
-from durable_memory.memory.context import ContextWindowOverview
-from durable_memory.memory.errors import (
+from durable_memory.memory.agent.context import ContextWindowOverview
+from durable_memory.memory.core.errors import (
     DecisionRefused,
     DiffAlreadyDecided,
     DurableMemoryError,
     UnknownDiff,
     validation_message,
 )
-from durable_memory.memory.formats import from_markdown
-from durable_memory.memory.git_store import validate_author_name
-from durable_memory.memory.ids import validate_diff_id, validate_label, validate_user_id
-from durable_memory.memory.stack import MemoryStack
+from durable_memory.memory.core.formats import from_markdown
+from durable_memory.memory.core.ids import validate_diff_id, validate_label, validate_user_id
+from durable_memory.memory.store.git_store import validate_author_name
 from durable_memory.models.archive import ArchiveSearch, PassageHit
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.history import Author, AuthorKind, CommitInfo
@@ -72,7 +72,6 @@ from durable_memory.models.turn import (
     rotation_workflow_id,
     turn_workflow_id,
 )
-from durable_memory.workers.worker import stack_from_settings
 from durable_memory.workflows.common import USER_ID
 from durable_memory.workflows.rotation import RotationSweepWorkflow, RotationWorkflow
 from durable_memory.workflows.turn import (

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from durable_memory.memory.errors import DurableMemoryError
+from durable_memory.memory.core.errors import DurableMemoryError
 
 
 class ConfigError(DurableMemoryError):

@@ -18,15 +18,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from durable_memory.bootstrap import stack_from_settings
 from durable_memory.client import MemoryClient
 from durable_memory.config import DevServerSettings, MemorySettings, Settings, TemporalSettings
-from durable_memory.memory.errors import DurableMemoryError
+from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.turn import ProposedDiff, TurnReply
 from durable_memory.workers.dev_server import start_dev_server
 from durable_memory.workers.main import worker_model
-from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker, stack_from_settings
+from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker
 
 USER = "alice"
 TURNS = [

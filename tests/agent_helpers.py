@@ -6,13 +6,13 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from durable_memory.memory.agent import TurnResult, run_turn
-from durable_memory.memory.archive import ArchiveStore
-from durable_memory.memory.llm import AnthropicModel
-from durable_memory.memory.profiles import parse_profile
+from durable_memory.memory.agent.llm import AnthropicModel
+from durable_memory.memory.agent.tools import MemoryTools
+from durable_memory.memory.agent.turn_loop import TurnResult, run_turn
+from durable_memory.memory.archive.protocol import ArchiveStore
+from durable_memory.memory.core.profiles import parse_profile
 from durable_memory.memory.service import MemoryService
-from durable_memory.memory.summaries import SummaryStore
-from durable_memory.memory.tools import MemoryTools
+from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.models.blocks import AgentProfile
 from durable_memory.scripted_model import ScriptedModelServer
 

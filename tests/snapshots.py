@@ -6,7 +6,7 @@ from typing import Any
 from hypothesis import strategies as st
 from sqlalchemy import inspect, text
 
-from durable_memory.memory.stack import MemoryStack
+from durable_memory.bootstrap import MemoryStack
 
 hostile_ids = st.one_of(
     st.sampled_from(

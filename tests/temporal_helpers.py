@@ -15,13 +15,13 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
+from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.client import MemoryClient
 from durable_memory.config import MemorySettings, Settings, TemporalSettings, TurnSettings
-from durable_memory.memory.llm import AnthropicModel
-from durable_memory.memory.stack import MemoryStack
+from durable_memory.memory.agent.llm import AnthropicModel
 from durable_memory.models.turn import TurnOutcome, turn_workflow_id
 from durable_memory.scripted_model import ScriptedModelServer
-from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker, stack_from_settings
+from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker
 
 T = TypeVar("T")
 

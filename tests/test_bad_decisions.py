@@ -18,10 +18,10 @@ from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.client import MemoryClient
-from durable_memory.memory.errors import DurableMemoryError
-from durable_memory.memory.formats import from_markdown
-from durable_memory.memory.git_store import validate_author_name
-from durable_memory.memory.ids import validate_user_id
+from durable_memory.memory.core.errors import DurableMemoryError
+from durable_memory.memory.core.formats import from_markdown
+from durable_memory.memory.core.ids import validate_user_id
+from durable_memory.memory.store.git_store import validate_author_name
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.turn import MAX_MESSAGE_CHARS, TurnReply
 from tests.agent_helpers import edit_block

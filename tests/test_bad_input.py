@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from durable_memory.bootstrap import MemoryStack, open_stack
 from durable_memory.cli import main
-from durable_memory.memory.errors import DurableMemoryError
-from durable_memory.memory.formats import from_markdown
-from durable_memory.memory.ids import validate_user_id
-from durable_memory.memory.profiles import parse_profile
-from durable_memory.memory.stack import MemoryStack, open_stack
-from durable_memory.memory.tools import TOOL_DOCS
+from durable_memory.memory.agent.tools import TOOL_DOCS
+from durable_memory.memory.core.errors import DurableMemoryError
+from durable_memory.memory.core.formats import from_markdown
+from durable_memory.memory.core.ids import validate_user_id
+from durable_memory.memory.core.profiles import parse_profile
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.operations import AddItem
 from tests.snapshots import hostile_ids, snapshot

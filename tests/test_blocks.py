@@ -4,15 +4,15 @@ from datetime import UTC, datetime
 
 import pytest
 
-from durable_memory.memory.blocks import default_fields, render_value, validate_fields
-from durable_memory.memory.errors import BlockValidationError, OperationNotApplicable
-from durable_memory.memory.operations import apply_operation, format_task_archive
-from durable_memory.memory.personas import (
+from durable_memory.memory.core.blocks import default_fields, render_value, validate_fields
+from durable_memory.memory.core.errors import BlockValidationError, OperationNotApplicable
+from durable_memory.memory.core.operations import apply_operation, format_task_archive
+from durable_memory.memory.core.personas import (
     CODING_ASSISTANT_PERSONA,
     DEFAULT_PERSONA,
     RESEARCH_ASSISTANT_PERSONA,
 )
-from durable_memory.memory.profiles import load_profile
+from durable_memory.memory.core.profiles import load_profile
 from durable_memory.models.blocks import BlockFields, BlockSpec
 from durable_memory.models.operations import (
     AddContext,

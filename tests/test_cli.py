@@ -216,7 +216,7 @@ def test_demo_runs_in_a_fresh_process() -> None:
 
 
 def test_context_and_archive_search(dmem: Runner, tmp_path: Path) -> None:
-    from durable_memory.memory.stack import open_stack
+    from durable_memory.bootstrap import open_stack
     from durable_memory.models.archive import NewPassage, PassageSource
 
     dmem("init", "alice")

@@ -6,16 +6,16 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from durable_memory.memory.agent import model_summarizer
-from durable_memory.memory.context import compile_context, to_chat_messages
-from durable_memory.memory.db import make_engine
-from durable_memory.memory.diffs import DiffStore
-from durable_memory.memory.git_store import GitBlockStore
-from durable_memory.memory.llm import AnthropicModel
-from durable_memory.memory.recall import RecallStore
+from durable_memory.memory.agent.context import compile_context, to_chat_messages
+from durable_memory.memory.agent.llm import AnthropicModel
+from durable_memory.memory.agent.tools import tool_definitions
+from durable_memory.memory.agent.turn_loop import model_summarizer
 from durable_memory.memory.service import MemoryService
-from durable_memory.memory.summaries import SummaryStore
-from durable_memory.memory.tools import tool_definitions
+from durable_memory.memory.store.db import make_engine
+from durable_memory.memory.store.diffs import DiffStore
+from durable_memory.memory.store.git_store import GitBlockStore
+from durable_memory.memory.store.recall import RecallStore
+from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.models.operations import AddItem
 from durable_memory.models.recall import MessageRole, NewMessage
 from durable_memory.scripted_model import ScriptedModelServer

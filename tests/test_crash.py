@@ -10,14 +10,15 @@ from typing import Any
 
 from temporalio.testing import WorkflowEnvironment
 
+from durable_memory.bootstrap import stack_from_settings
 from durable_memory.client import MemoryClient
 from durable_memory.config import DevServerSettings
 from durable_memory.faults import AFTER_MODEL_CALL, MID_COMMIT
-from durable_memory.memory.llm import AnthropicModel
+from durable_memory.memory.agent.llm import AnthropicModel
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workers.dev_server import start_dev_server
-from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker, stack_from_settings
+from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker
 from tests.agent_helpers import edit_block, git_status
 from tests.git_checks import assert_fsck_clean
 from tests.temporal_helpers import rig_settings, turn_outcome

@@ -11,9 +11,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from durable_memory.activities.turn import TurnActivities
-from durable_memory.memory.llm import AnthropicModel
-from durable_memory.memory.stack import MemoryStack, open_stack
-from durable_memory.memory.turns import TurnStore
+from durable_memory.bootstrap import MemoryStack, open_stack
+from durable_memory.memory.agent.llm import AnthropicModel
+from durable_memory.memory.store.turns import TurnStore
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.operations import LearnPreference
 from durable_memory.models.turn import DecisionOutcome, DiffDecision

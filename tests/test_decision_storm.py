@@ -25,9 +25,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
+from durable_memory.bootstrap import MemoryStack
 from durable_memory.client import DecisionBusy, DecisionLost, MemoryClient
-from durable_memory.memory.formats import to_markdown
-from durable_memory.memory.stack import MemoryStack
+from durable_memory.memory.core.formats import to_markdown
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.turn import DecisionOutcome, TurnStatus
 from tests.agent_helpers import edit_block

@@ -13,7 +13,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.client import DecisionBusy, DecisionLost, MemoryClient
-from durable_memory.memory.errors import UnknownDiff
+from durable_memory.memory.core.errors import UnknownDiff
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.turn import DecisionOutcome
 from tests.agent_helpers import edit_block

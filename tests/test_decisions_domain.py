@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from durable_memory.memory.errors import (
+from durable_memory.memory.core.errors import (
     BlockValidationError,
     DecisionRefused,
     DiffAlreadyDecided,
     FormatError,
 )
-from durable_memory.memory.formats import to_markdown
+from durable_memory.memory.core.formats import to_markdown
 from durable_memory.memory.service import MemoryService
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.history import Author, AuthorKind

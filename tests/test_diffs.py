@@ -2,7 +2,7 @@
 
 import pytest
 
-from durable_memory.memory.errors import (
+from durable_memory.memory.core.errors import (
     DiffAlreadyDecided,
     FormatError,
     InvalidIdentifier,
@@ -10,7 +10,7 @@ from durable_memory.memory.errors import (
     ReadOnlyBlock,
     UnknownDiff,
 )
-from durable_memory.memory.formats import to_markdown
+from durable_memory.memory.core.formats import to_markdown
 from durable_memory.memory.service import MemoryService
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.history import Author, AuthorKind

@@ -29,6 +29,7 @@ from durable_memory.activities.errors import (
     is_transient,
     to_failure,
 )
+from durable_memory.bootstrap import MemoryStack
 from durable_memory.config import (
     ActivitiesSettings,
     ActivitySettings,
@@ -36,14 +37,13 @@ from durable_memory.config import (
     RetrySettings,
     load_settings,
 )
-from durable_memory.memory.errors import (
+from durable_memory.memory.agent.llm import ModelCallError
+from durable_memory.memory.core.errors import (
     FAILURE_MESSAGE_BYTES,
     DurableMemoryError,
     UnknownDiff,
     short_message,
 )
-from durable_memory.memory.llm import ModelCallError
-from durable_memory.memory.stack import MemoryStack
 from durable_memory.models.recall import MessageRole, NewMessage
 from durable_memory.models.turn import TurnInput, turn_workflow_id
 from tests.temporal_helpers import Rig, rig_settings, running_rig

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from durable_memory.bootstrap import stack_from_settings
 from durable_memory.client import MemoryClient
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.turn import RotationOutcome, TurnOutcome, turn_workflow_id
 from durable_memory.scripted_model import ScriptedModelServer
-from durable_memory.workers.worker import stack_from_settings
 from tests.agent_helpers import edit_block, git_status
 from tests.git_checks import assert_fsck_clean
 from tests.temporal_helpers import workflow_result

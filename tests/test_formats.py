@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from durable_memory.memory.blocks import default_fields, render_value, validate_fields
-from durable_memory.memory.errors import BlockValidationError, CharLimitExceeded, FormatError
-from durable_memory.memory.formats import (
+from durable_memory.memory.core.blocks import default_fields, render_value, validate_fields
+from durable_memory.memory.core.errors import BlockValidationError, CharLimitExceeded, FormatError
+from durable_memory.memory.core.formats import (
     from_markdown,
     from_toml,
     render_memory,
@@ -17,7 +17,7 @@ from durable_memory.memory.formats import (
     to_markdown,
     to_toml,
 )
-from durable_memory.memory.profiles import load_profile
+from durable_memory.memory.core.profiles import load_profile
 from durable_memory.models.blocks import BlockFields, BlockKind, BlockSpec, FieldSpec, FieldType
 
 PROFILE = load_profile("essay_coach")

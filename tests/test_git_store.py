@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from durable_memory.memory.errors import (
+from durable_memory.bootstrap import open_stack
+from durable_memory.memory.core.errors import (
     DamagedRepository,
     DurableMemoryError,
     FormatError,
@@ -26,14 +27,13 @@ from durable_memory.memory.errors import (
     UnknownCommit,
     UnknownUser,
 )
-from durable_memory.memory.git_store import (
+from durable_memory.memory.service import MemoryService
+from durable_memory.memory.store.git_store import (
     CLOCK_SKEW,
     GitBlockStore,
     Snapshot,
     format_message,
 )
-from durable_memory.memory.service import MemoryService
-from durable_memory.memory.stack import open_stack
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.operations import AddContext
 from tests.git_checks import assert_fsck_clean
@@ -457,7 +457,7 @@ def test_stale_git_lock_files_of_a_killed_writer_are_removed(
     repo = svc.git.repo_path("alice")
     history = _git(repo, "rev-list", "HEAD").split()
     (repo / ".git" / lock).write_bytes(b"")  # git was killed holding it
-    with caplog.at_level(logging.WARNING, logger="durable_memory.memory.git_store"):
+    with caplog.at_level(logging.WARNING, logger="durable_memory.memory.store.git_store"):
         sha = svc.edit_block("alice", "student", {"name": "Alice"}, ALICE)
     assert not (repo / ".git" / lock).exists()
     assert f"user 'alice': removed the stale git lock file .git/{lock}" in caplog.text
@@ -483,7 +483,7 @@ def test_a_commit_whose_data_never_reached_the_disk_is_rolled_back(
         )
     )
     restarted = _restarted(svc, data_dir)
-    with caplog.at_level(logging.WARNING, logger="durable_memory.memory.git_store"):
+    with caplog.at_level(logging.WARNING, logger="durable_memory.memory.store.git_store"):
         assert restarted.read_block("alice", "student").fields["name"] == "Alice"
     assert f"user 'alice': reset refs/heads/main to {kept}" in caplog.text
     new = restarted.edit_block("alice", "student", {"name": "Carol"}, ALICE)

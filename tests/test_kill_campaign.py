@@ -32,6 +32,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
+from durable_memory.bootstrap import stack_from_settings
 from durable_memory.client import DecisionNotApplied, MemoryClient
 from durable_memory.config import Settings
 from durable_memory.models.diffs import DiffStatus
@@ -44,7 +45,6 @@ from durable_memory.models.turn import (
     turn_workflow_id,
 )
 from durable_memory.scripted_model import ScriptedModelServer
-from durable_memory.workers.worker import stack_from_settings
 from durable_memory.workflows.turn import TurnWorkflow
 from tests.agent_helpers import edit_block
 from tests.temporal_helpers import turn_outcome

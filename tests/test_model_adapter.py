@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from durable_memory.memory.llm import AnthropicModel, ModelCallError, ModelConfigError
+from durable_memory.memory.agent.llm import AnthropicModel, ModelCallError, ModelConfigError
 from durable_memory.models.blocks import ModelSettings
 from durable_memory.models.llm import ChatMessage, TextBlock, ToolUseBlock
 from durable_memory.scripted_model import ScriptedModelServer, ScriptError, load_script

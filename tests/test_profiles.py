@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from durable_memory.memory.errors import ProfileError
-from durable_memory.memory.profiles import load_profile
+from durable_memory.memory.core.errors import ProfileError
+from durable_memory.memory.core.profiles import load_profile
 from durable_memory.models.blocks import BlockKind, FieldType, RotationStrategyName
 
 HEAD = """

@@ -18,25 +18,25 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine
 
-from durable_memory.memory.archive_sqlite import SqliteArchive
-from durable_memory.memory.blocks import render_value, validate_fields
-from durable_memory.memory.context import compile_context
-from durable_memory.memory.db import make_engine
-from durable_memory.memory.diffs import DiffStore
-from durable_memory.memory.embedders import default_embedder
-from durable_memory.memory.errors import BlockValidationError
-from durable_memory.memory.formats import (
+from durable_memory.memory.agent.context import compile_context
+from durable_memory.memory.agent.tools import MemoryTools, tool_definitions
+from durable_memory.memory.archive.embedders import default_embedder
+from durable_memory.memory.archive.sqlite import SqliteArchive
+from durable_memory.memory.core.blocks import render_value, validate_fields
+from durable_memory.memory.core.errors import BlockValidationError
+from durable_memory.memory.core.formats import (
     ESCAPE_NOTE,
     from_markdown,
     render_memory,
     to_markdown,
 )
-from durable_memory.memory.git_store import GitBlockStore
-from durable_memory.memory.profiles import load_profile
-from durable_memory.memory.recall import RecallStore
+from durable_memory.memory.core.profiles import load_profile
 from durable_memory.memory.service import MemoryService
-from durable_memory.memory.summaries import SummaryStore
-from durable_memory.memory.tools import MemoryTools, tool_definitions
+from durable_memory.memory.store.db import make_engine
+from durable_memory.memory.store.diffs import DiffStore
+from durable_memory.memory.store.git_store import GitBlockStore
+from durable_memory.memory.store.recall import RecallStore
+from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.models.archive import NewPassage, PassageSource
 from durable_memory.models.blocks import AgentProfile, BlockFields, BlockSpec, FieldType
 from durable_memory.models.history import Author, AuthorKind

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from durable_memory.memory.db import make_engine
-from durable_memory.memory.errors import DurableMemoryError
-from durable_memory.memory.recall import RecallStore
+from durable_memory.memory.core.errors import DurableMemoryError
+from durable_memory.memory.store.db import make_engine
+from durable_memory.memory.store.recall import RecallStore
 from durable_memory.models.recall import MessageRole, NewMessage
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)

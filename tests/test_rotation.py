@@ -5,14 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from durable_memory.memory.archive_sqlite import SqliteArchive
-from durable_memory.memory.db import make_engine
-from durable_memory.memory.diffs import DiffStore
-from durable_memory.memory.embedders import default_embedder
-from durable_memory.memory.git_store import GitBlockStore
-from durable_memory.memory.profiles import load_profile
-from durable_memory.memory.recall import RecallStore
-from durable_memory.memory.rotation import (
+from durable_memory.memory.archive.embedders import default_embedder
+from durable_memory.memory.archive.sqlite import SqliteArchive
+from durable_memory.memory.core.profiles import load_profile
+from durable_memory.memory.rotation.rotator import (
     AdaptiveRotation,
     AggressiveRotation,
     ArchiveTaskSink,
@@ -20,8 +16,12 @@ from durable_memory.memory.rotation import (
     Rotator,
     line_score,
 )
-from durable_memory.memory.rotation_state import RotationStateStore
+from durable_memory.memory.rotation.state import RotationStateStore
 from durable_memory.memory.service import MemoryService
+from durable_memory.memory.store.db import make_engine
+from durable_memory.memory.store.diffs import DiffStore
+from durable_memory.memory.store.git_store import GitBlockStore
+from durable_memory.memory.store.recall import RecallStore
 from durable_memory.models.archive import ArchiveSearch, PassageSource
 from durable_memory.models.blocks import RotationStrategyName
 from durable_memory.models.history import Author, AuthorKind

@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from durable_memory.memory.archive_sqlite import SqliteArchive
-from durable_memory.memory.diffs import DiffStore
-from durable_memory.memory.embedders import default_embedder
-from durable_memory.memory.git_store import GitBlockStore
-from durable_memory.memory.recall import RecallStore
+from durable_memory.memory.agent.tools import tool_definitions
+from durable_memory.memory.archive.embedders import default_embedder
+from durable_memory.memory.archive.sqlite import SqliteArchive
 from durable_memory.memory.service import MemoryService
-from durable_memory.memory.tools import tool_definitions
+from durable_memory.memory.store.diffs import DiffStore
+from durable_memory.memory.store.git_store import GitBlockStore
+from durable_memory.memory.store.recall import RecallStore
 from durable_memory.models.diffs import DiffStatus
 from tests.agent_helpers import agent_test_profile, run_scripted_turn, tool_results, tool_use
 

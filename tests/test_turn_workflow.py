@@ -12,7 +12,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from durable_memory.memory.errors import DiffAlreadyDecided
+from durable_memory.memory.core.errors import DiffAlreadyDecided
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.turn import (
     DiffDecision,

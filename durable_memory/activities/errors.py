@@ -24,8 +24,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, FailureError
 
 from durable_memory.faults import crash_point
-from durable_memory.memory.errors import DurableMemoryError, short_message
-from durable_memory.memory.llm import ModelCallError
+from durable_memory.memory.agent.llm import ModelCallError
+from durable_memory.memory.core.errors import DurableMemoryError, short_message
 
 UNKNOWN_ERROR_ATTEMPTS = 3
 """Attempts an unclassified error gets before its failure is made final."""

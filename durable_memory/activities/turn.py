@@ -9,8 +9,10 @@ results from s*1000+500, and a step-limit note goes to 999000.
 from temporalio import activity
 
 from durable_memory.activities.errors import classified_errors
+from durable_memory.bootstrap import MemoryStack
 from durable_memory.faults import AFTER_MODEL_CALL, crash_point
-from durable_memory.memory.agent import (
+from durable_memory.memory.agent.context import to_chat_messages
+from durable_memory.memory.agent.turn_loop import (
     ChatModel,
     model_summarizer,
     reply_messages,
@@ -19,10 +21,8 @@ from durable_memory.memory.agent import (
     run_tools,
     step_limit_note,
 )
-from durable_memory.memory.context import to_chat_messages
-from durable_memory.memory.errors import DiffAlreadyDecided, DurableMemoryError
-from durable_memory.memory.stack import MemoryStack
-from durable_memory.memory.turns import TurnStore
+from durable_memory.memory.core.errors import DiffAlreadyDecided, DurableMemoryError
+from durable_memory.memory.store.turns import TurnStore
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.recall import MessageRole, NewMessage
 from durable_memory.models.turn import (

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
-from durable_memory.memory.blocks import default_fields, render_value, validate_fields
-from durable_memory.memory.diffs import DiffStore
-from durable_memory.memory.errors import (
+from durable_memory.memory.core.blocks import default_fields, render_value, validate_fields
+from durable_memory.memory.core.errors import (
     BlockValidationError,
     DecisionRefused,
     DiffAlreadyDecided,
@@ -27,14 +26,22 @@ from durable_memory.memory.errors import (
     UnknownBlock,
     UnsafeFile,
 )
-from durable_memory.memory.formats import (
+from durable_memory.memory.core.formats import (
     from_markdown,
     from_toml,
     render_prompt,
     to_markdown,
     to_toml,
 )
-from durable_memory.memory.git_store import (
+from durable_memory.memory.core.ids import validate_label, validate_user_id
+from durable_memory.memory.core.operations import (
+    apply_operation,
+    conflict_reason,
+    describe,
+    format_task_archive,
+)
+from durable_memory.memory.store.diffs import DiffStore
+from durable_memory.memory.store.git_store import (
     BLOCKS_DIR,
     GitBlockStore,
     RepoTransaction,
@@ -42,14 +49,7 @@ from durable_memory.memory.git_store import (
     format_message,
     validate_author_name,
 )
-from durable_memory.memory.ids import validate_label, validate_user_id
-from durable_memory.memory.operations import (
-    apply_operation,
-    conflict_reason,
-    describe,
-    format_task_archive,
-)
-from durable_memory.memory.recall import RecallStore
+from durable_memory.memory.store.recall import RecallStore
 from durable_memory.models.blocks import AgentProfile, BlockFields, BlockKind, BlockSpec
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.history import Author, AuthorKind, CommitInfo

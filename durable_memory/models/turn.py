@@ -7,8 +7,8 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from durable_memory.config import ActivitiesSettings
-from durable_memory.memory.errors import InvalidIdentifier
-from durable_memory.memory.ids import validate_user_id
+from durable_memory.memory.core.errors import InvalidIdentifier
+from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.models.blocks import RotationStrategyName
 from durable_memory.models.diffs import DiffStatus
 

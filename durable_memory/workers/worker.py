@@ -11,26 +11,15 @@ from temporalio.worker import Worker
 
 from durable_memory.activities.rotation import RotationActivities
 from durable_memory.activities.turn import TurnActivities
+from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.config import Settings
-from durable_memory.memory.agent import ChatModel
-from durable_memory.memory.stack import MemoryStack, open_stack
-from durable_memory.memory.turns import TurnStore
+from durable_memory.memory.agent.turn_loop import ChatModel
+from durable_memory.memory.store.turns import TurnStore
 from durable_memory.workflows.rotation import RotationSweepWorkflow, RotationWorkflow
 from durable_memory.workflows.turn import TurnWorkflow
 
 WORKFLOWS: Sequence[type] = (TurnWorkflow, RotationWorkflow, RotationSweepWorkflow)
 ACTIVITY_THREADS = 16
-
-
-def stack_from_settings(settings: Settings) -> MemoryStack:
-    memory = settings.memory
-    return open_stack(
-        memory.data_dir,
-        memory.database_url,
-        memory.profile,
-        archive_backend=memory.archive,
-        target_ratio=memory.rotation_target_ratio,
-    )
 
 
 def activities_for(stack: MemoryStack, model: ChatModel) -> list[Any]:

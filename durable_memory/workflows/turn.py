@@ -32,13 +32,13 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, ValidationError
 
     from durable_memory.activities.turn import TurnActivities
-    from durable_memory.memory.agent import step_limit_note
-    from durable_memory.memory.errors import (
+    from durable_memory.memory.agent.turn_loop import step_limit_note
+    from durable_memory.memory.core.errors import (
         DurableMemoryError,
         short_message,
         validation_message,
     )
-    from durable_memory.memory.git_store import validate_author_name
+    from durable_memory.memory.store.git_store import validate_author_name
     from durable_memory.models.diffs import DiffStatus
     from durable_memory.models.turn import (
         DecisionOutcome,

@@ -7,9 +7,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from durable_memory.memory.blocks import BUILTIN_FIELDS, default_fields
-from durable_memory.memory.errors import BlockValidationError, ProfileError
-from durable_memory.memory.personas import PERSONA_PRESETS
+from durable_memory.memory.core.blocks import BUILTIN_FIELDS, default_fields
+from durable_memory.memory.core.errors import BlockValidationError, ProfileError
+from durable_memory.memory.core.personas import PERSONA_PRESETS
 from durable_memory.models.blocks import AgentProfile, BlockKind, BlockSpec, FieldType
 
 BUNDLED_PROFILES = ("default", "essay_coach")

@@ -1,25 +1,27 @@
-"""MemoryStack: the memory core assembled from settings (service, archive, rotation, tools).
+"""The composition root: the memory stack (service, archive, rotation, tools) built from settings.
 
-The CLI builds one per command; the Temporal worker builds one per process.
+The only place outside the tests that assembles the domain's parts. The CLI and the client build
+one per command or connection, the Temporal worker one per process (workers/worker.py).
 """
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from durable_memory.memory.archive import ArchiveError, ArchiveStore
-from durable_memory.memory.archive_sqlite import SqliteArchive
-from durable_memory.memory.context import CompiledContext, Summarizer, compile_context
-from durable_memory.memory.db import make_engine
-from durable_memory.memory.diffs import DiffStore
-from durable_memory.memory.embedders import Embedder, default_embedder
-from durable_memory.memory.git_store import GitBlockStore
-from durable_memory.memory.profiles import load_profile
-from durable_memory.memory.recall import RecallStore
-from durable_memory.memory.rotation import DEFAULT_TARGET_RATIO, ArchiveTaskSink, Rotator
-from durable_memory.memory.rotation_state import RotationStateStore
+from durable_memory.config import Settings
+from durable_memory.memory.agent.context import CompiledContext, Summarizer, compile_context
+from durable_memory.memory.agent.tools import MemoryTools, tool_definitions
+from durable_memory.memory.archive.embedders import Embedder, default_embedder
+from durable_memory.memory.archive.protocol import ArchiveError, ArchiveStore
+from durable_memory.memory.archive.sqlite import SqliteArchive
+from durable_memory.memory.core.profiles import load_profile
+from durable_memory.memory.rotation.rotator import DEFAULT_TARGET_RATIO, ArchiveTaskSink, Rotator
+from durable_memory.memory.rotation.state import RotationStateStore
 from durable_memory.memory.service import MemoryService
-from durable_memory.memory.summaries import SummaryStore
-from durable_memory.memory.tools import MemoryTools, tool_definitions
+from durable_memory.memory.store.db import make_engine
+from durable_memory.memory.store.diffs import DiffStore
+from durable_memory.memory.store.git_store import GitBlockStore
+from durable_memory.memory.store.recall import RecallStore
+from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.models.blocks import AgentProfile
 
 
@@ -52,7 +54,7 @@ def open_archive(data_dir: Path, backend: str, embedder: Embedder) -> ArchiveSto
     if backend == "embedded":
         return SqliteArchive(data_dir / "archive.db", embedder)
     if backend == "weaviate":
-        from durable_memory.memory.archive_weaviate import WeaviateArchive, connect
+        from durable_memory.memory.archive.weaviate import WeaviateArchive, connect
 
         return WeaviateArchive(connect(), embedder)
     raise ArchiveError(f"unknown archive backend {backend!r}; use 'embedded' or 'weaviate'")
@@ -85,4 +87,15 @@ def open_stack(
         summaries=SummaryStore(engine),
         rotator=Rotator(service, archive, RotationStateStore(engine), target_ratio),
         tools=MemoryTools(service, archive),
+    )
+
+
+def stack_from_settings(settings: Settings) -> MemoryStack:
+    memory = settings.memory
+    return open_stack(
+        memory.data_dir,
+        memory.database_url,
+        memory.profile,
+        archive_backend=memory.archive,
+        target_ratio=memory.rotation_target_ratio,
     )

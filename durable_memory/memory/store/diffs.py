@@ -12,8 +12,8 @@ from pydantic import TypeAdapter
 from sqlalchemy import Engine, update
 from sqlmodel import Field, Session, SQLModel, col, select
 
-from durable_memory.memory.errors import DiffAlreadyDecided, UnknownDiff
-from durable_memory.memory.ids import validate_diff_id
+from durable_memory.memory.core.errors import DiffAlreadyDecided, UnknownDiff
+from durable_memory.memory.core.ids import validate_diff_id
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.operations import EditOperation
 

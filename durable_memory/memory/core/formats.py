@@ -26,8 +26,8 @@ from collections.abc import Mapping
 
 import tomli_w
 
-from durable_memory.memory.blocks import render_value, validate_fields
-from durable_memory.memory.errors import BlockValidationError, FormatError
+from durable_memory.memory.core.blocks import render_value, validate_fields
+from durable_memory.memory.core.errors import BlockValidationError, FormatError
 from durable_memory.models.blocks import BlockFields, BlockSpec, FieldSpec, FieldType
 
 

@@ -2,7 +2,7 @@
 
 import re
 
-from durable_memory.memory.errors import InvalidIdentifier
+from durable_memory.memory.core.errors import InvalidIdentifier
 
 # ASCII only on purpose: unicode look-alikes, whitespace, separators and dot-files are refused.
 _USER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")

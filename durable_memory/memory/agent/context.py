@@ -15,10 +15,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from durable_memory.memory.formats import escape_prompt_text, render_memory
+from durable_memory.memory.agent.tokens import count_tokens, count_tokens_cached
+from durable_memory.memory.core.formats import escape_prompt_text, render_memory
 from durable_memory.memory.service import MemoryService
-from durable_memory.memory.summaries import SummaryStore
-from durable_memory.memory.tokens import count_tokens, count_tokens_cached
+from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.llm import (
     ChatMessage,

@@ -33,7 +33,7 @@ from pathlib import Path
 import git
 
 from durable_memory.faults import MID_COMMIT, crash_point
-from durable_memory.memory.errors import (
+from durable_memory.memory.core.errors import (
     DamagedRepository,
     DurableMemoryError,
     HandEditPending,
@@ -41,8 +41,8 @@ from durable_memory.memory.errors import (
     UnknownUser,
     UnsafeFile,
 )
-from durable_memory.memory.ids import validate_label, validate_sha, validate_user_id
-from durable_memory.memory.safe_files import (
+from durable_memory.memory.core.ids import validate_label, validate_sha, validate_user_id
+from durable_memory.memory.store.safe_files import (
     MAX_FILE_BYTES,
     decode_utf8,
     kind_of,

@@ -10,7 +10,7 @@ import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from durable_memory.memory.errors import BlockValidationError, CharLimitExceeded
+from durable_memory.memory.core.errors import BlockValidationError, CharLimitExceeded
 from durable_memory.models.blocks import (
     BlockFields,
     BlockKind,

@@ -19,10 +19,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from durable_memory.memory.archive import AGENT_INSERT_TOKEN_LIMIT, ArchiveStore
-from durable_memory.memory.errors import DurableMemoryError, validation_message
-from durable_memory.memory.ids import validate_user_id
-from durable_memory.memory.limits import LimitExceeded, cut_text
+from durable_memory.memory.archive.protocol import AGENT_INSERT_TOKEN_LIMIT, ArchiveStore
+from durable_memory.memory.core.errors import DurableMemoryError, validation_message
+from durable_memory.memory.core.ids import validate_user_id
+from durable_memory.memory.core.limits import LimitExceeded, cut_text
 from durable_memory.memory.service import MemoryService
 from durable_memory.models.archive import ArchiveSearch, NewPassage, PassageSource, TagMatch
 from durable_memory.models.limits import (

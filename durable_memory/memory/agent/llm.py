@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import anthropic
 
-from durable_memory.memory.errors import DurableMemoryError
+from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.models.blocks import ModelSettings
 from durable_memory.models.llm import ChatMessage, ModelReply, TextBlock, ToolUseBlock
 

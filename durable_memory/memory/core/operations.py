@@ -7,11 +7,11 @@ char limit), with messages a model or a person can act on.
 
 from datetime import datetime
 
-from durable_memory.memory.blocks import (
+from durable_memory.memory.core.blocks import (
     HUMAN_CONTEXT_WINDOW,
     validate_fields,
 )
-from durable_memory.memory.errors import OperationNotApplicable
+from durable_memory.memory.core.errors import OperationNotApplicable
 from durable_memory.models.blocks import BlockFields, BlockKind, BlockSpec, FieldType, SessionState
 from durable_memory.models.operations import (
     AddContext,

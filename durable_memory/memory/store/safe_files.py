@@ -14,7 +14,7 @@ import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from durable_memory.memory.errors import UnsafeFile
+from durable_memory.memory.core.errors import UnsafeFile
 
 MAX_FILE_BYTES = 1 << 20
 """A block file is a few KB; anything over this is refused rather than read into memory."""

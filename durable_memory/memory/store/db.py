@@ -7,14 +7,9 @@ from sqlalchemy import Engine, event, text
 from sqlmodel import SQLModel, create_engine
 
 # Imported for their side effect: registering their tables on SQLModel.metadata.
-from durable_memory.memory import (  # noqa: F401
-    diffs,
-    recall,
-    rotation_state,
-    summaries,
-    turns,
-)
-from durable_memory.memory.fts import create_owned_index
+from durable_memory.memory.rotation import state  # noqa: F401
+from durable_memory.memory.store import diffs, recall, summaries, turns  # noqa: F401
+from durable_memory.memory.store.fts import create_owned_index
 
 # One FTS5 index for every user's messages, each row with its owner (memory.fts).
 _SQLITE_FTS = [

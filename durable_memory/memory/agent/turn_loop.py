@@ -11,12 +11,12 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from durable_memory.memory.context import CompiledContext, Summarizer, compile_context
-from durable_memory.memory.limits import LimitExceeded, cut_text
-from durable_memory.memory.recall import RecallStore
+from durable_memory.memory.agent.context import CompiledContext, Summarizer, compile_context
+from durable_memory.memory.agent.tools import MemoryTools, check_input_size, tool_definitions
+from durable_memory.memory.core.limits import LimitExceeded, cut_text
 from durable_memory.memory.service import MemoryService
-from durable_memory.memory.summaries import SummaryStore
-from durable_memory.memory.tools import MemoryTools, check_input_size, tool_definitions
+from durable_memory.memory.store.recall import RecallStore
+from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.models.blocks import ModelSettings
 from durable_memory.models.limits import MAX_REPLY_TEXT_CHARS
 from durable_memory.models.llm import ChatMessage, ModelReply, TextBlock, ToolResultBlock

@@ -4,7 +4,7 @@
 result the model can act on, an activity does not retry it. Its message names the limit.
 """
 
-from durable_memory.memory.errors import DurableMemoryError
+from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.models.limits import MAX_QUERY_CHARS
 
 

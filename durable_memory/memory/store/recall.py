@@ -13,10 +13,10 @@ from sqlalchemy import Engine, Float, Integer, Row, Select, UniqueConstraint, fu
 from sqlalchemy import select as select_columns
 from sqlmodel import Field, Session, SQLModel, col, select
 
-from durable_memory.memory.errors import DurableMemoryError
-from durable_memory.memory.fts import owner_match
-from durable_memory.memory.ids import validate_user_id
-from durable_memory.memory.limits import LimitExceeded, check_query
+from durable_memory.memory.core.errors import DurableMemoryError
+from durable_memory.memory.core.ids import validate_user_id
+from durable_memory.memory.core.limits import LimitExceeded, check_query
+from durable_memory.memory.store.fts import owner_match
 from durable_memory.models.limits import MAX_QUERY_TERMS
 from durable_memory.models.recall import MessageRole, NewMessage, RecallMessage, RecallPage
 

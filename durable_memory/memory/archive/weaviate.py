@@ -19,15 +19,15 @@ from weaviate.classes.query import Filter, HybridFusion, MetadataQuery, Sort
 from weaviate.collections import Collection
 from weaviate.exceptions import WeaviateBaseError
 
-from durable_memory.memory.archive import (
+from durable_memory.memory.archive.embedders import Embedder
+from durable_memory.memory.archive.protocol import (
     ArchiveError,
     check_passage,
     chunk_ids,
     missing_chunks,
 )
-from durable_memory.memory.embedders import Embedder
-from durable_memory.memory.ids import validate_user_id
-from durable_memory.memory.recall import fts_terms
+from durable_memory.memory.core.ids import validate_user_id
+from durable_memory.memory.store.recall import fts_terms
 from durable_memory.models.archive import (
     ArchiveSearch,
     NewPassage,

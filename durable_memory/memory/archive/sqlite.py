@@ -15,17 +15,17 @@ from pathlib import Path
 
 import numpy as np
 
-from durable_memory.memory.archive import (
+from durable_memory.memory.archive.embedders import Embedder, Vector
+from durable_memory.memory.archive.protocol import (
     ArchiveError,
     check_passage,
     chunk_ids,
     missing_chunks,
     relative_score_fusion,
 )
-from durable_memory.memory.embedders import Embedder, Vector
-from durable_memory.memory.fts import create_owned_index, owner_match
-from durable_memory.memory.ids import validate_user_id
-from durable_memory.memory.recall import fts_terms
+from durable_memory.memory.core.ids import validate_user_id
+from durable_memory.memory.store.fts import create_owned_index, owner_match
+from durable_memory.memory.store.recall import fts_terms
 from durable_memory.models.archive import (
     ArchiveSearch,
     NewPassage,

@@ -1,0 +1,1 @@
+"""Archival memory: the store protocol, the embedded SQLite store, Weaviate, embedders."""

@@ -1,0 +1,1 @@
+"""Rotation of overflowing blocks into the archive: strategies, the rotator, the adaptive state."""
