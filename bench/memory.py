@@ -46,7 +46,7 @@ from durable_memory.models.turn import SweepInput
 from durable_memory.workers.dev_server import start_dev_server
 from durable_memory.workers.worker import ACTIVITY_THREADS
 from durable_memory.workflows.rotation import RotationSweepWorkflow
-from tests.worker_process import spawn_worker, start_until_polling, stop_worker
+from tests.support.worker_process import spawn_worker, start_until_polling, stop_worker
 
 BACKEND = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
 CONCURRENCY = 10

@@ -16,7 +16,7 @@ from durable_memory.memory.store.git_store import GitBlockStore
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.workers.dev_server import DEV_SERVER_ARGS, DEV_SERVER_STARTUP, temporal_binary
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
-from tests.postgres import find_pg_bin, running_postgres
+from tests.support.postgres import find_pg_bin, running_postgres
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.workers.dev_server import temporal_binary
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
-from tests.temporal_helpers import rig_settings, running_rig
+from tests.support.temporal_helpers import rig_settings, running_rig
 
 HERE = Path(__file__).parent / "histories"
 

@@ -24,9 +24,9 @@ from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.git_store import validate_author_name
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.turn import MAX_MESSAGE_CHARS, TurnReply
-from tests.agent_helpers import edit_block
-from tests.snapshots import hostile_ids, snapshot
-from tests.temporal_helpers import Rig, rig_settings, running_rig
+from tests.support.agent_helpers import edit_block
+from tests.support.snapshots import hostile_ids, snapshot
+from tests.support.temporal_helpers import Rig, rig_settings, running_rig
 
 CASES = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

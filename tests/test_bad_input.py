@@ -23,7 +23,7 @@ from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.core.profiles import parse_profile
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.operations import AddItem
-from tests.snapshots import hostile_ids, snapshot
+from tests.support.snapshots import hostile_ids, snapshot
 
 CASES = settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -13,7 +13,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.cli import main
-from tests.temporal_helpers import rig_settings, running_rig
+from tests.support.temporal_helpers import rig_settings, running_rig
 
 Runner = Callable[..., tuple[int, str, str]]
 

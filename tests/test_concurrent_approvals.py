@@ -9,7 +9,7 @@ from typing import Any
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.models.diffs import DiffStatus
-from tests.temporal_helpers import rig_settings, running_rig
+from tests.support.temporal_helpers import rig_settings, running_rig
 
 COUNT = 20
 

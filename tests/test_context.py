@@ -19,7 +19,7 @@ from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.models.operations import AddItem
 from durable_memory.models.recall import MessageRole, NewMessage
 from durable_memory.scripted_model import ScriptedModelServer
-from tests.agent_helpers import agent_test_profile, run_scripted_turn, tool_use
+from tests.support.agent_helpers import agent_test_profile, run_scripted_turn, tool_use
 
 
 def _service(tmp_path: Path, **model: int) -> tuple[MemoryService, Engine]:

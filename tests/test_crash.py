@@ -19,11 +19,11 @@ from durable_memory.models.diffs import DiffStatus
 from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workers.dev_server import start_dev_server
 from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker
-from tests.agent_helpers import edit_block, git_status
-from tests.git_checks import assert_fsck_clean
-from tests.temporal_helpers import rig_settings, turn_outcome
-from tests.worker_process import address as _address
-from tests.worker_process import crash_settings, worker_process
+from tests.support.agent_helpers import edit_block, git_status
+from tests.support.git_checks import assert_fsck_clean
+from tests.support.temporal_helpers import rig_settings, turn_outcome
+from tests.support.worker_process import address as _address
+from tests.support.worker_process import crash_settings, worker_process
 
 SCRIPT: list[dict[str, Any]] = [
     {

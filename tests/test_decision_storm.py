@@ -30,9 +30,9 @@ from durable_memory.client import DecisionBusy, DecisionLost, MemoryClient
 from durable_memory.memory.core.formats import to_markdown
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.turn import DecisionOutcome, TurnStatus
-from tests.agent_helpers import edit_block
-from tests.git_checks import assert_fsck_clean
-from tests.temporal_helpers import (
+from tests.support.agent_helpers import edit_block
+from tests.support.git_checks import assert_fsck_clean
+from tests.support.temporal_helpers import (
     default_converter_client,
     rig_settings,
     running_rig,

@@ -16,9 +16,9 @@ from durable_memory.client import DecisionBusy, DecisionLost, MemoryClient
 from durable_memory.memory.core.errors import UnknownDiff
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.turn import DecisionOutcome
-from tests.agent_helpers import edit_block
-from tests.snapshots import snapshot
-from tests.temporal_helpers import rig_settings, running_rig, turn_outcome
+from tests.support.agent_helpers import edit_block
+from tests.support.snapshots import snapshot
+from tests.support.temporal_helpers import rig_settings, running_rig, turn_outcome
 
 ONE_EDIT: list[dict[str, Any]] = [
     {"content": [edit_block("student", field="name", operation="set", value="Fay")]},

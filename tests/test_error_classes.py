@@ -46,7 +46,7 @@ from durable_memory.memory.core.errors import (
 )
 from durable_memory.models.recall import MessageRole, NewMessage
 from durable_memory.models.turn import TurnInput, turn_workflow_id
-from tests.temporal_helpers import Rig, rig_settings, running_rig
+from tests.support.temporal_helpers import Rig, rig_settings, running_rig
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -17,10 +17,10 @@ from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.turn import RotationOutcome, TurnOutcome, turn_workflow_id
 from durable_memory.scripted_model import ScriptedModelServer
-from tests.agent_helpers import edit_block, git_status
-from tests.git_checks import assert_fsck_clean
-from tests.temporal_helpers import workflow_result
-from tests.worker_process import address, crash_settings, spawn_worker, stop_worker
+from tests.support.agent_helpers import edit_block, git_status
+from tests.support.git_checks import assert_fsck_clean
+from tests.support.temporal_helpers import workflow_result
+from tests.support.worker_process import address, crash_settings, spawn_worker, stop_worker
 
 TURN = ["prepare_turn", "call_model", "run_tools", "finish_turn", "decide", "needs_rotation"]
 ROTATION = ["plan_rotation", "archive_rotation", "commit_rotation"]

@@ -36,7 +36,7 @@ from durable_memory.memory.store.git_store import (
 )
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.operations import AddContext
-from tests.git_checks import assert_fsck_clean
+from tests.support.git_checks import assert_fsck_clean
 
 ALICE = Author(name="alice", kind=AuthorKind.USER)
 BACKEND = Author(name="tutor-backend", kind=AuthorKind.SERVICE)

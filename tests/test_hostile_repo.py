@@ -22,8 +22,8 @@ from durable_memory.bootstrap import MemoryStack, open_stack
 from durable_memory.cli import main
 from durable_memory.memory.core.errors import DurableMemoryError, UnsafeFile
 from durable_memory.models.history import Author, AuthorKind
-from tests.snapshots import snapshot
-from tests.temporal_helpers import rig_settings, running_rig, turn_outcome
+from tests.support.snapshots import snapshot
+from tests.support.temporal_helpers import rig_settings, running_rig, turn_outcome
 
 ALICE = Author(name="alice", kind=AuthorKind.USER)
 SECRET = "Bob-the-secret"

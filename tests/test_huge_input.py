@@ -2,7 +2,7 @@
 
 Every case gets one clear error naming the limit (a tool error result the model can act on,
 a DurableMemoryError or a validation error for a caller, exit status 2 for the CLI) or a
-bounded result that says it was cut, and leaves every store byte-identical (tests/snapshots).
+bounded result that says it was cut, and leaves every store byte-identical (tests/support/snapshots.py).
 No case raises out of MemoryTools.execute: an activity running it would retry forever.
 """
 
@@ -32,8 +32,8 @@ from durable_memory.models.limits import (
 )
 from durable_memory.models.operations import AppendText, LearnFact, RethinkText
 from durable_memory.models.recall import MessageRole, NewMessage
-from tests.agent_helpers import agent_test_profile
-from tests.snapshots import snapshot
+from tests.support.agent_helpers import agent_test_profile
+from tests.support.snapshots import snapshot
 
 MILLION = "x" * 1_000_000
 HUGE_QUERY = "word " * 20_000  # 100,000 characters: took a minute before queries were bounded

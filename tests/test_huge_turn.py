@@ -13,8 +13,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.models.limits import MAX_REPLY_TEXT_CHARS
 from durable_memory.models.recall import MessageRole
-from tests.snapshots import snapshot
-from tests.temporal_helpers import rig_settings, running_rig, turn_outcome
+from tests.support.snapshots import snapshot
+from tests.support.temporal_helpers import rig_settings, running_rig, turn_outcome
 
 HUGE = 2_000_000
 

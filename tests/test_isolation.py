@@ -18,8 +18,8 @@ from durable_memory.memory.store.turns import TurnStore
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.llm import ModelReply, TextBlock
 from durable_memory.models.operations import AddItem, LearnPreference
-from tests.agent_helpers import edit_block
-from tests.temporal_helpers import rig_settings, running_rig
+from tests.support.agent_helpers import edit_block
+from tests.support.temporal_helpers import rig_settings, running_rig
 
 TURN = "turn:t1"
 

@@ -46,9 +46,9 @@ from durable_memory.models.turn import (
 )
 from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workflows.turn import TurnWorkflow
-from tests.agent_helpers import edit_block
-from tests.temporal_helpers import turn_outcome
-from tests.worker_process import address, crash_settings, spawn_worker, stop_worker
+from tests.support.agent_helpers import edit_block
+from tests.support.temporal_helpers import turn_outcome
+from tests.support.worker_process import address, crash_settings, spawn_worker, stop_worker
 
 T = TypeVar("T")
 

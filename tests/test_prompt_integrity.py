@@ -42,7 +42,7 @@ from durable_memory.models.blocks import AgentProfile, BlockFields, BlockSpec, F
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.operations import AppendText
 from durable_memory.models.recall import MessageRole, NewMessage
-from tests.agent_helpers import agent_test_profile
+from tests.support.agent_helpers import agent_test_profile
 
 CASES = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

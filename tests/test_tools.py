@@ -16,7 +16,12 @@ from durable_memory.memory.store.diffs import DiffStore
 from durable_memory.memory.store.git_store import GitBlockStore
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.models.diffs import DiffStatus
-from tests.agent_helpers import agent_test_profile, run_scripted_turn, tool_results, tool_use
+from tests.support.agent_helpers import (
+    agent_test_profile,
+    run_scripted_turn,
+    tool_results,
+    tool_use,
+)
 
 
 @pytest.fixture

@@ -31,8 +31,8 @@ from durable_memory.models.turn import (
 )
 from durable_memory.workflows.common import PENDING_DIFFS, TURN_STATUS, USER_ID
 from durable_memory.workflows.turn import TURN_WORKFLOW
-from tests.agent_helpers import edit_block
-from tests.temporal_helpers import (
+from tests.support.agent_helpers import edit_block
+from tests.support.temporal_helpers import (
     default_converter_client,
     rig_settings,
     running_rig,

@@ -20,8 +20,8 @@ from durable_memory.models.turn import (
 )
 from durable_memory.workflows.common import PENDING_DIFFS
 from durable_memory.workflows.turn import TurnWorkflow
-from tests.agent_helpers import edit_block
-from tests.temporal_helpers import rig_settings, running_rig, turn_outcome, workflow_result
+from tests.support.agent_helpers import edit_block
+from tests.support.temporal_helpers import rig_settings, running_rig, turn_outcome, workflow_result
 
 THREE_EDITS: list[dict[str, Any]] = [
     {

@@ -71,7 +71,7 @@ limit = 1500
 
 
 def agent_test_profile(**model: Any) -> AgentProfile:
-    profile = parse_profile(TEST_PROFILE, "tests/agent_helpers.py")
+    profile = parse_profile(TEST_PROFILE, "tests/support/agent_helpers.py")
     if model:
         return profile.model_copy(update={"model": profile.model.model_copy(update=model)})
     return profile

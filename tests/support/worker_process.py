@@ -13,7 +13,7 @@ from typing import IO
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.config import ActivitiesSettings, ActivitySettings, RetrySettings, Settings
-from tests.temporal_helpers import rig_settings
+from tests.support.temporal_helpers import rig_settings
 
 FAST = ActivitySettings(start_to_close_s=4, retry=RetrySettings(initial_interval_s=0.2))
 

@@ -1,0 +1,1 @@
+"""Shared test support: rigs (Temporal, workers, PostgreSQL), snapshots, helpers."""
