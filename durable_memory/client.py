@@ -74,12 +74,12 @@ from durable_memory.models.turn import (
 )
 from durable_memory.workflows.common import USER_ID
 from durable_memory.workflows.rotation import RotationSweepWorkflow, RotationWorkflow
-from durable_memory.workflows.turn import (
+from durable_memory.workflows.turn import TurnWorkflow
+from durable_memory.workflows.turn_boundary import (
     DECISION_REFUSED,
     DIFF_ALREADY_DECIDED,
     TURN_WORKFLOW,
     UNKNOWN_DIFF,
-    TurnWorkflow,
     already_decided,
 )
 

@@ -30,7 +30,7 @@ from durable_memory.models.turn import (
     turn_workflow_id,
 )
 from durable_memory.workflows.common import PENDING_DIFFS, TURN_STATUS, USER_ID
-from durable_memory.workflows.turn import TURN_WORKFLOW
+from durable_memory.workflows.turn_boundary import TURN_WORKFLOW
 from tests.support.agent_helpers import edit_block
 from tests.support.temporal_helpers import (
     default_converter_client,

@@ -8,9 +8,9 @@ anything enters history. The reply is returned through the `reply` Update, so a 
 starts the turn with update-with-start gets it in the same call.
 
 Strict boundary: the input, the Update and the signals take raw payloads and validate them
-here, so a caller in any language (default JSON converter) with an unknown, missing or
+(`turn_boundary`), so a caller in any language (default JSON converter) with an unknown, missing or
 mistyped field gets an `InvalidInput` failure naming the field, never a workflow task that
-fails and retries forever. Decisions are serialised through one queue and each is decided
+fails and retries forever. Decisions are serialised through one `DecisionQueue` and each is decided
 again when its turn comes: the loser of a race gets `DiffAlreadyDecided` with the real
 outcome (status, commit, who decided), never the winner's outcome as its own.
 
@@ -18,26 +18,24 @@ A step that fails for good (retries exhausted or non-retryable) ends the turn wi
 `TurnFailed` error naming the step; the `reply` Update and the workflow result carry it.
 Diffs the failed turn had proposed are expired (nobody was shown them in a reply), so none
 stays pending without a turn waiting for its decision.
+
+Why this module is longer than ~300 lines: a Temporal workflow is one class whose run method,
+handlers and queries share its state, so the turn's orchestration stays together here; the
+parts that need none of that state live beside it (`turn_boundary`: decoding and failure
+types; `decision_queue`: the queue and its answers).
 """
 
 import contextlib
 from datetime import timedelta
-from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RawValue
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic import BaseModel, ValidationError
-
     from durable_memory.activities.turn import TurnActivities
     from durable_memory.memory.agent.turn_loop import step_limit_note
-    from durable_memory.memory.core.errors import (
-        DurableMemoryError,
-        short_message,
-        validation_message,
-    )
+    from durable_memory.memory.core.errors import DurableMemoryError, short_message
     from durable_memory.memory.store.git_store import validate_author_name
     from durable_memory.models.diffs import DiffStatus
     from durable_memory.models.turn import (
@@ -61,78 +59,27 @@ with workflow.unsafe.imports_passed_through():
         USER_ID,
         activity_options,
     )
+    from durable_memory.workflows.decision_queue import DecisionQueue, QueuedDecision
     from durable_memory.workflows.rotation import start_rotation
+    from durable_memory.workflows.turn_boundary import (
+        INVALID_INPUT,
+        TURN_WORKFLOW,
+        UNKNOWN_DIFF,
+        already_decided,
+        decision_refused,
+        decode_input,
+        is_own_outcome,
+        step_failure,
+    )
 
-
-SIGNAL_TICKET = 0
 ANSWER_BEFORE_ROTATION_CHECK = "answer-decision-before-rotation-check"
 """Patch: a decision's Update is answered once its commit exists; the rotation check after
 it no longer delays the approver. Histories recorded before it replay the old order."""
 
-TURN_WORKFLOW = "TurnWorkflow"
-"""The workflow type name a caller in another language starts."""
-
-INVALID_INPUT = "InvalidInput"
-TURN_FAILED = "TurnFailed"
-UNKNOWN_DIFF = "UnknownDiff"
-DIFF_ALREADY_DECIDED = "DiffAlreadyDecided"
-DECISION_REFUSED = "DecisionRefused"
-"""The decision reached its turn but was not applied (the activity failed, the approval
-conflicted or could not commit); the failure's details carry the outcome, if there is one."""
 RECENT_REJECTIONS = 10
 
-M = TypeVar("M", bound=BaseModel)
-
-
-def decode_input(raw: RawValue, model: type[M]) -> M:
-    """Validate a raw JSON payload strictly as `model` (unknown, missing and mistyped fields
-    all refused); ApplicationError(InvalidInput) naming the fields if it does not fit."""
-    what = f"invalid {model.__name__}"
-    if raw.payload.metadata.get("encoding") != b"json/plain":
-        raise ApplicationError(
-            f"{what}: expected a JSON object", type=INVALID_INPUT, non_retryable=True
-        )
-    try:
-        return model.model_validate_json(raw.payload.data, strict=True)
-    except ValidationError as error:
-        message = short_message(validation_message(error, what))
-        raise ApplicationError(message, type=INVALID_INPUT, non_retryable=True) from None
-
-
-def _step_failure(error: ActivityError) -> ApplicationError:
-    """A short failure naming the step. Our activities' own failures already read
-    `<activity> failed: <error type>: <message>`; a timeout or cancellation gets that form."""
-    cause = error.cause
-    reason = cause.message if isinstance(cause, FailureError) else error.message
-    if not reason.startswith(error.activity_type):
-        reason = f"{error.activity_type} failed: {reason}"
-    return ApplicationError(short_message(reason), type=TURN_FAILED, non_retryable=True)
-
-
-def already_decided(outcome: DecisionOutcome) -> ApplicationError:
-    """What the loser of a decision race is told: the outcome that did apply, and by whom."""
-    text = f"diff {outcome.diff_id} is already {outcome.status.value}"
-    if outcome.decided_by:
-        text += f" by {outcome.decided_by}"
-    if outcome.commit_sha:
-        text += f" (commit {outcome.commit_sha[:12]})"
-    if outcome.message:
-        text += f": {outcome.message}"
-    return ApplicationError(
-        short_message(text), outcome, type=DIFF_ALREADY_DECIDED, non_retryable=True
-    )
-
-
-def _own_outcome(decision: DiffDecision, outcome: DecisionOutcome) -> bool:
-    """Whether the activity's outcome is this decision's (applied or refused), rather than
-    a decision made before it reached the store."""
-    if outcome.status is DiffStatus.PENDING:
-        return True
-    if outcome.decided_by not in (None, decision.approver):
-        return False
-    if decision.decision == "approve":
-        return outcome.status in (DiffStatus.APPROVED, DiffStatus.CONFLICTED)
-    return outcome.status is DiffStatus.REJECTED
+DecisionAnswer = DecisionOutcome | ApplicationError
+"""What a decision's caller is told: the outcome that applied, or why it did not."""
 
 
 @workflow.defn(name=TURN_WORKFLOW)
@@ -152,10 +99,7 @@ class TurnWorkflow:
         self._proposed: list[str] = []
         self._open: dict[str, ProposedDiff] = {}
         self._outcomes: dict[str, DecisionOutcome] = {}
-        self._queue: list[tuple[int, DiffDecision]] = []
-        self._answers: dict[int, DecisionOutcome | ApplicationError] = {}
-        self._tickets = 0
-        self._closed = False
+        self._decisions: DecisionQueue[DecisionAnswer] = DecisionQueue()
         self._details = ""
         self._rejected = 0
         self._recent_rejections: list[str] = []
@@ -170,7 +114,7 @@ class TurnWorkflow:
         try:
             return await self._run(self._turn)
         except ActivityError as error:
-            return await self._fail(_step_failure(error))
+            return await self._fail(step_failure(error))
 
     async def _run(self, turn: TurnInput) -> TurnOutcome:
         # Set here, not by the starter, so a caller in any language gets them.
@@ -299,14 +243,13 @@ class TurnWorkflow:
             if remaining > 0:
                 with contextlib.suppress(TimeoutError):
                     await workflow.wait_condition(
-                        lambda: bool(self._queue) or not self._open,
+                        lambda: bool(self._decisions) or not self._open,
                         timeout=timedelta(seconds=remaining),
                     )
             # Decisions that arrived in time are applied even if applying them runs past the
             # deadline; leaving one queued would keep its Update (and this workflow) waiting.
-            while self._queue:
-                ticket, decision = self._queue.pop(0)
-                await self._apply(turn, ticket, decision)
+            while self._decisions:
+                await self._apply(turn, self._decisions.pop())
             if workflow.now() >= deadline:
                 break
         if self._open:
@@ -327,9 +270,10 @@ class TurnWorkflow:
         for outcome in outcomes:
             self._resolve(outcome)
 
-    async def _apply(self, turn: TurnInput, ticket: int, decision: DiffDecision) -> None:
+    async def _apply(self, turn: TurnInput, queued: QueuedDecision) -> None:
+        decision = queued.decision
         if decision.diff_id not in self._open:  # decided while this one was queued
-            self._answer(ticket, decision, self._not_open(decision))
+            self._answer(queued, self._not_open(decision))
             return
         self._set_status(TurnStatus.COMMITTING)
         try:
@@ -342,30 +286,26 @@ class TurnWorkflow:
         except ActivityError as error:
             self._set_status(TurnStatus.AWAITING_APPROVAL)
             cause = error.cause.message if isinstance(error.cause, FailureError) else str(error)
-            refusal = ApplicationError(
-                short_message(f"the decision on {decision.diff_id} was not applied: {cause}"),
-                type=DECISION_REFUSED,
-                non_retryable=True,
+            self._answer(
+                queued,
+                decision_refused(f"the decision on {decision.diff_id} was not applied: {cause}"),
             )
-            self._answer(ticket, decision, refusal)
             return
         answer = self._judge(decision, outcome)
         early = workflow.patched(ANSWER_BEFORE_ROTATION_CHECK)
         if early:
-            self._answer(ticket, decision, answer)
+            self._answer(queued, answer)
         if answer is outcome and outcome.status is DiffStatus.APPROVED and outcome.label:
             await self._maybe_rotate(turn, outcome.label)
         self._set_status(TurnStatus.AWAITING_APPROVAL)
         if not early:
-            self._answer(ticket, decision, answer)
+            self._answer(queued, answer)
 
-    def _judge(
-        self, decision: DiffDecision, outcome: DecisionOutcome
-    ) -> DecisionOutcome | ApplicationError:
+    def _judge(self, decision: DiffDecision, outcome: DecisionOutcome) -> DecisionAnswer:
         """Record what the store says became of the diff, and what to answer its decider:
         the outcome only if this decision applied and an approval has its commit."""
         self._resolve(outcome)
-        if not _own_outcome(decision, outcome):
+        if not is_own_outcome(decision, outcome):
             return already_decided(outcome)
         committed = outcome.status is not DiffStatus.APPROVED or outcome.commit_sha is not None
         if outcome.status in (DiffStatus.PENDING, DiffStatus.CONFLICTED) or not committed:
@@ -373,14 +313,10 @@ class TurnWorkflow:
                 self._open.setdefault(outcome.diff_id, self._diff_of(outcome))
                 self._outcomes.pop(outcome.diff_id, None)
             reason = outcome.message or "the approval has no commit yet"
-            return ApplicationError(
-                short_message(
-                    f"the {decision.decision} of diff {decision.diff_id} was not applied "
-                    f"(the diff is {outcome.status.value}): {reason}"
-                ),
+            return decision_refused(
+                f"the {decision.decision} of diff {decision.diff_id} was not applied "
+                f"(the diff is {outcome.status.value}): {reason}",
                 outcome,
-                type=DECISION_REFUSED,
-                non_retryable=True,
             )
         return outcome
 
@@ -397,11 +333,9 @@ class TurnWorkflow:
         done = self._outcomes.get(decision.diff_id)
         if done is not None:
             return already_decided(done)
-        if self._closed and decision.diff_id in self._open:
-            return ApplicationError(
-                f"diff {decision.diff_id}: the turn is closing and takes no more decisions",
-                type=DECISION_REFUSED,
-                non_retryable=True,
+        if self._decisions.closed and decision.diff_id in self._open:
+            return decision_refused(
+                f"diff {decision.diff_id}: the turn is closing and takes no more decisions"
             )
         return ApplicationError(
             f"diff {decision.diff_id} is not awaiting a decision in this turn",
@@ -409,20 +343,17 @@ class TurnWorkflow:
             non_retryable=True,
         )
 
-    def _answer(
-        self, ticket: int, decision: DiffDecision, answer: DecisionOutcome | ApplicationError
-    ) -> None:
-        if ticket != SIGNAL_TICKET:  # an Update waits for it
-            self._answers[ticket] = answer
+    def _answer(self, queued: QueuedDecision, answer: DecisionAnswer) -> None:
+        if queued.ticket is not None:  # an Update waits for it
+            self._decisions.post(queued.ticket, answer)
         elif isinstance(answer, ApplicationError):  # a signal has nobody to tell
+            decision = queued.decision
             self._reject_signal(f"{decision.decision} by {decision.approver}: {answer.message}")
 
     def _close_decisions(self) -> None:
         """Take no more decisions; answer every queued one with the truth."""
-        self._closed = True
-        while self._queue:
-            ticket, decision = self._queue.pop(0)
-            self._answer(ticket, decision, self._not_open(decision))
+        for queued in self._decisions.close():
+            self._answer(queued, self._not_open(queued.decision))
 
     async def _maybe_rotate(self, turn: TurnInput, label: str) -> None:
         candidate = RotationCandidate(user_id=turn.user_id, label=label)
@@ -497,7 +428,7 @@ class TurnWorkflow:
                 type=UNKNOWN_DIFF,
                 non_retryable=True,
             )
-        if decision.diff_id not in self._open or self._closed:
+        if decision.diff_id not in self._open or self._decisions.closed:
             raise self._not_open(decision)
         try:  # the approver's name goes into a commit: refuse a bad one before history
             validate_author_name(decision.approver)
@@ -509,13 +440,11 @@ class TurnWorkflow:
         checked = decode_input(decision, DiffDecision)
         # A decision validated together with the one that closed its diff, or the turn,
         # gets the truth now rather than waiting in a queue nobody reads any more.
-        if checked.diff_id not in self._open or self._closed:
+        if checked.diff_id not in self._open or self._decisions.closed:
             raise self._not_open(checked)
-        self._tickets += 1
-        ticket = self._tickets
-        self._queue.append((ticket, checked))
-        await workflow.wait_condition(lambda: ticket in self._answers)
-        answer = self._answers.pop(ticket)
+        ticket = self._decisions.add_update(checked)
+        await workflow.wait_condition(lambda: self._decisions.is_answered(ticket))
+        answer = self._decisions.take_answer(ticket)
         if isinstance(answer, ApplicationError):
             raise answer
         return answer
@@ -536,7 +465,7 @@ class TurnWorkflow:
         except ApplicationError as error:
             self._reject_signal(f"{kind}: {error.message}")
             return
-        self._queue.append((SIGNAL_TICKET, decision))
+        self._decisions.add_signal(decision)
 
     @workflow.signal
     def approve(self, decision: RawValue) -> None:
