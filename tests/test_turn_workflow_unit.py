@@ -1,0 +1,272 @@
+"""TurnWorkflow on its own: its activities replaced by stand-ins registered under the real
+activity names, on the time-skipping test server. The one place a mock is right: these tests
+are about the orchestration (which step runs when, in what order decisions apply, how a
+failing step or the step limit ends a turn), not about what the steps do; the end-to-end
+tests (test_turn_workflow.py) run the real activities.
+"""
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from temporalio import activity
+from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from durable_memory.memory.agent.turn_loop import step_limit_note
+from durable_memory.models.diffs import DiffStatus
+from durable_memory.models.turn import (
+    DecisionOutcome,
+    DiffDecision,
+    FinishedTurn,
+    FinishInput,
+    ModelStepResult,
+    PreparedTurn,
+    ProposedDiff,
+    RotationCandidate,
+    StepInput,
+    ToolStepResult,
+    TurnInput,
+    TurnOutcome,
+    TurnReply,
+    TurnStatus,
+    turn_workflow_id,
+)
+from durable_memory.workflows.turn import TurnWorkflow
+from durable_memory.workflows.turn_boundary import TURN_WORKFLOW
+
+USER = "alice"
+
+
+def _diff_id(n: int) -> str:
+    return f"{n:032x}"
+
+
+@dataclass
+class StandInActivities:
+    """What each step answers, and the log of the calls the workflow made, in order.
+
+    `model_steps[i]` is the number of tool calls step i+1's model reply asks for; each
+    `run_tools` proposes one new diff. `failing_step` makes that model call fail for good."""
+
+    model_steps: list[int]
+    failing_step: int | None = None
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+    proposed: int = 0
+
+    @activity.defn(name="dmem.prepare_turn")
+    async def prepare_turn(self, turn: TurnInput) -> PreparedTurn:
+        self.calls.append(("prepare_turn", turn.message))
+        return PreparedTurn(total_tokens=100, share_used=0.1)
+
+    @activity.defn(name="dmem.call_model")
+    async def call_model(self, step: StepInput) -> ModelStepResult:
+        self.calls.append(("call_model", step.step))
+        if step.step == self.failing_step:
+            raise ApplicationError("the model is gone", type="ModelCallError", non_retryable=True)
+        tool_calls = self.model_steps[step.step - 1]
+        return ModelStepResult(text=f"reply {step.step}", tool_calls=tool_calls, stop_reason=None)
+
+    @activity.defn(name="dmem.run_tools")
+    async def run_tools(self, step: StepInput) -> ToolStepResult:
+        self.calls.append(("run_tools", step.step))
+        self.proposed += 1
+        return ToolStepResult(diff_ids=[_diff_id(self.proposed)], superseded=[])
+
+    @activity.defn(name="dmem.finish_turn")
+    async def finish_turn(self, finish: FinishInput) -> FinishedTurn:
+        self.calls.append(("finish_turn", (finish.diff_ids, finish.stopped_at_step_limit)))
+        diffs = [
+            ProposedDiff(id=d, label="student", summary="s", status=DiffStatus.PENDING)
+            for d in finish.diff_ids
+        ]
+        return FinishedTurn(diffs=diffs, details_markdown="### Proposed memory edits")
+
+    @activity.defn(name="dmem.decide")
+    async def decide(self, decision: DiffDecision) -> DecisionOutcome:
+        self.calls.append(("decide", (decision.decision, decision.diff_id)))
+        approved = decision.decision == "approve"
+        return DecisionOutcome(
+            diff_id=decision.diff_id,
+            status=DiffStatus.APPROVED if approved else DiffStatus.REJECTED,
+            commit_sha="c0ffee" * 6 + "abcd" if approved else None,
+            label="student",
+            decided_by=decision.approver,
+        )
+
+    @activity.defn(name="dmem.expire_diffs")
+    async def expire_diffs(self, diff_ids: list[str]) -> list[DecisionOutcome]:
+        self.calls.append(("expire_diffs", diff_ids))
+        return [
+            DecisionOutcome(diff_id=d, status=DiffStatus.EXPIRED, label="student") for d in diff_ids
+        ]
+
+    @activity.defn(name="dmem.needs_rotation")
+    async def needs_rotation(self, candidate: RotationCandidate) -> bool:
+        self.calls.append(("needs_rotation", candidate.label))
+        return False
+
+    def all(self) -> list[Any]:
+        return [
+            self.prepare_turn,
+            self.call_model,
+            self.run_tools,
+            self.finish_turn,
+            self.decide,
+            self.expire_diffs,
+            self.needs_rotation,
+        ]
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.calls]
+
+
+@asynccontextmanager
+async def started_turn(
+    env: WorkflowEnvironment, stand_ins: StandInActivities, **turn: Any
+) -> AsyncIterator[WorkflowHandle[Any, Any]]:
+    """A worker with the stand-ins on a fresh task queue, and a turn started on it."""
+    task_queue = f"unit-{uuid.uuid4().hex[:10]}"
+    turn_input = TurnInput(user_id=USER, turn_id=task_queue, message="Hi", **turn)
+    async with Worker(
+        env.client, task_queue=task_queue, workflows=[TurnWorkflow], activities=stand_ins.all()
+    ):
+        handle = await env.client.start_workflow(
+            TURN_WORKFLOW,  # by name, as a caller in any language: its input is taken raw
+            turn_input,
+            id=turn_workflow_id(USER, task_queue),
+            task_queue=task_queue,
+            result_type=TurnOutcome,
+        )
+        yield handle
+
+
+def _decision(n: int, kind: str) -> DiffDecision:
+    return DiffDecision(diff_id=_diff_id(n), user_id=USER, decision=kind, approver="ms-rivera")
+
+
+async def test_a_turn_runs_its_steps_in_order_then_waits_for_decisions(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    stand_ins = StandInActivities(model_steps=[1, 2, 0])
+    async with started_turn(time_skipping_env, stand_ins) as handle:
+        reply: TurnReply = await handle.execute_update("reply", result_type=TurnReply)
+        assert reply.reply == "reply 3"
+        assert not reply.stopped_at_step_limit
+        assert [d.id for d in reply.diffs] == [_diff_id(1), _diff_id(2)]
+        assert stand_ins.calls == [
+            ("prepare_turn", "Hi"),
+            ("call_model", 1),
+            ("run_tools", 1),
+            ("call_model", 2),
+            ("run_tools", 2),
+            ("call_model", 3),
+            ("finish_turn", ([_diff_id(1), _diff_id(2)], False)),
+        ]
+        assert await handle.query(TurnWorkflow.status) == TurnStatus.AWAITING_APPROVAL
+        assert await handle.query(TurnWorkflow.open_diffs) == [_diff_id(1), _diff_id(2)]
+        for n in (1, 2):
+            await handle.signal("reject", _decision(n, "reject"))
+        outcome: TurnOutcome = await handle.result()
+    assert outcome.status is TurnStatus.DONE
+    assert [d.status for d in outcome.decisions] == [DiffStatus.REJECTED] * 2
+
+
+async def test_decisions_apply_one_at_a_time_in_arrival_order(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    stand_ins = StandInActivities(model_steps=[1, 1, 1, 0])
+    async with started_turn(time_skipping_env, stand_ins) as handle:
+        await handle.execute_update("reply", result_type=TurnReply)
+        sent = [_decision(2, "reject"), _decision(1, "approve"), _decision(1, "reject")]
+        for decision in sent:  # signals: each is in history before the next is sent
+            await handle.signal(decision.decision, decision)
+        approved: DecisionOutcome = await handle.execute_update(
+            "decide",
+            _decision(3, "approve"),
+            result_type=DecisionOutcome,
+        )
+        assert approved.status is DiffStatus.APPROVED
+        with pytest.raises(WorkflowUpdateFailedError) as lost:  # refused before history
+            await handle.execute_update(
+                "decide",
+                _decision(3, "reject"),
+                result_type=DecisionOutcome,
+            )
+        outcome: TurnOutcome = await handle.result()
+        refused = await handle.query(TurnWorkflow.rejected_signals)
+    assert isinstance(lost.value.cause, ApplicationError)
+    assert lost.value.cause.type == "DiffAlreadyDecided"
+    decided = [call for name, call in stand_ins.calls if name == "decide"]
+    # The second decision on diff 1 lost to the first: answered, never applied.
+    assert decided == [("reject", _diff_id(2)), ("approve", _diff_id(1)), ("approve", _diff_id(3))]
+    assert refused.count == 1
+    assert "already approved by ms-rivera" in refused.recent[0]
+    assert stand_ins.names().count("needs_rotation") == 2  # after each approval
+    assert {d.diff_id: d.status for d in outcome.decisions} == {
+        _diff_id(1): DiffStatus.APPROVED,
+        _diff_id(2): DiffStatus.REJECTED,
+        _diff_id(3): DiffStatus.APPROVED,
+    }
+
+
+async def test_a_failing_step_ends_the_turn_naming_it_and_expires_its_diffs(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    stand_ins = StandInActivities(model_steps=[1, 0], failing_step=2)
+    async with started_turn(time_skipping_env, stand_ins) as handle:
+        with pytest.raises(WorkflowUpdateFailedError) as reply_error:
+            await handle.execute_update("reply", result_type=TurnReply)
+        with pytest.raises(WorkflowFailureError) as result_error:
+            await handle.result()
+        assert await handle.query(TurnWorkflow.status) == TurnStatus.FAILED
+    for failure in (reply_error.value.cause, result_error.value.cause):
+        assert isinstance(failure, ApplicationError)
+        assert failure.type == "TurnFailed"
+        assert failure.message == "dmem.call_model failed: the model is gone"
+    assert stand_ins.calls == [
+        ("prepare_turn", "Hi"),
+        ("call_model", 1),
+        ("run_tools", 1),
+        ("call_model", 2),
+        ("expire_diffs", [_diff_id(1)]),  # nobody was shown it: it does not stay pending
+    ]
+
+
+async def test_the_step_limit_ends_the_loop_and_says_so_in_the_reply(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    stand_ins = StandInActivities(model_steps=[1, 1, 1])
+    async with started_turn(time_skipping_env, stand_ins, max_steps=2) as handle:
+        reply: TurnReply = await handle.execute_update("reply", result_type=TurnReply)
+        assert reply.stopped_at_step_limit
+        assert reply.reply == f"reply 2\n\n{step_limit_note(2)}"
+        assert stand_ins.names() == [
+            "prepare_turn",
+            "call_model",
+            "run_tools",
+            "call_model",
+            "run_tools",
+            "finish_turn",
+        ]
+        assert stand_ins.calls[-1] == ("finish_turn", ([_diff_id(1), _diff_id(2)], True))
+        for n in (1, 2):
+            await handle.signal("approve", _decision(n, "approve"))
+        await handle.result()
+
+
+async def test_undecided_diffs_expire_when_the_approval_window_passes(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    stand_ins = StandInActivities(model_steps=[1, 0])
+    async with started_turn(time_skipping_env, stand_ins, approval_ttl_s=30 * 24 * 3600) as handle:
+        await handle.execute_update("reply", result_type=TurnReply)
+        outcome: TurnOutcome = await handle.result()  # the test server skips the month
+    assert stand_ins.calls[-1] == ("expire_diffs", [_diff_id(1)])
+    assert outcome.status is TurnStatus.EXPIRED
+    assert [d.status for d in outcome.decisions] == [DiffStatus.EXPIRED]
