@@ -8,11 +8,11 @@ anything enters history. The reply is returned through the `reply` Update, so a 
 starts the turn with update-with-start gets it in the same call.
 
 Strict boundary: the input, the Update and the signals take raw payloads and validate them
-(`turn_boundary`), so a caller in any language (default JSON converter) with an unknown, missing or
-mistyped field gets an `InvalidInput` failure naming the field, never a workflow task that
-fails and retries forever. Decisions are serialised through one `DecisionQueue` and each is decided
-again when its turn comes: the loser of a race gets `DiffAlreadyDecided` with the real
-outcome (status, commit, who decided), never the winner's outcome as its own.
+(`turn_boundary`), so a caller in any language (default JSON converter) with an unknown,
+missing or mistyped field gets an `InvalidInput` failure naming the field, never a workflow
+task that fails and retries forever. Decisions are serialised through one `DecisionQueue` and
+each is decided again when its turn comes: the loser of a race gets `DiffAlreadyDecided` with
+the real outcome (status, commit, who decided), never the winner's outcome as its own.
 
 A step that fails for good (retries exhausted or non-retryable) ends the turn with a short
 `TurnFailed` error naming the step; the `reply` Update and the workflow result carry it.
@@ -86,8 +86,9 @@ DecisionAnswer = DecisionOutcome | ApplicationError
 class TurnWorkflow:
     @workflow.init
     def __init__(self, turn: RawValue) -> None:
-        # Decoded here, before any handler runs: the `reply` Update of an update-with-start
-        # can then answer a refused input with its message.
+        # All of the turn's state is set up here, before any handler can run. The input is
+        # decoded here too, so the `reply` Update of an update-with-start can answer a refused
+        # input with its message.
         self._turn: TurnInput | None = None
         self._failure: ApplicationError | None = None
         try:
