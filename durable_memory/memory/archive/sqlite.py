@@ -24,8 +24,8 @@ from durable_memory.memory.archive.protocol import (
     relative_score_fusion,
 )
 from durable_memory.memory.core.ids import validate_user_id
-from durable_memory.memory.store.fts import create_owned_index, owner_match
 from durable_memory.memory.store.recall import fts_terms
+from durable_memory.memory.store.sql import OwnedIndex, connect_sqlite, immediate
 from durable_memory.models.archive import (
     ArchiveSearch,
     NewPassage,
@@ -38,7 +38,7 @@ from durable_memory.models.archive import (
 LEG_LIMIT = 100
 """Candidates each leg (BM25, vector) contributes to the fusion, as Weaviate's hybrid does."""
 
-_SCHEMA = [
+_TABLES = [
     "CREATE TABLE IF NOT EXISTS archive_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     """CREATE TABLE IF NOT EXISTS passages (
         rowid INTEGER PRIMARY KEY,
@@ -54,25 +54,18 @@ _SCHEMA = [
         vector BLOB NOT NULL
     )""",
     "CREATE INDEX IF NOT EXISTS passages_user_time ON passages (user_id, created_at)",
-    # One full-text index for every user's passages, each row with its owner (memory.fts).
-    """CREATE VIEW IF NOT EXISTS passages_fts_source AS
-        SELECT rowid, hex(user_id) AS owner, text FROM passages""",
-    """CREATE VIRTUAL TABLE IF NOT EXISTS passages_fts USING fts5(
-        owner, text, content='passages_fts_source', content_rowid='rowid',
-        tokenize='unicode61 remove_diacritics 2'
-    )""",
-    """CREATE TRIGGER IF NOT EXISTS passages_fts_insert AFTER INSERT ON passages BEGIN
-        INSERT INTO passages_fts (rowid, owner, text)
-        VALUES (new.rowid, hex(new.user_id), new.text);
-    END""",
-    """CREATE TRIGGER IF NOT EXISTS passages_fts_delete AFTER DELETE ON passages BEGIN
-        INSERT INTO passages_fts (passages_fts, rowid, owner, text)
-        VALUES ('delete', old.rowid, hex(old.user_id), old.text);
-    END""",
     """CREATE TABLE IF NOT EXISTS archive_versions (
         user_id TEXT PRIMARY KEY, version INTEGER NOT NULL
     )""",
 ]
+PASSAGES_FTS = OwnedIndex(
+    "passages_fts",
+    table="passages",
+    rowid="rowid",
+    column="text",
+    tokenize="unicode61 remove_diacritics 2",
+)
+"""One full-text index for every user's passages, each row with its owner."""
 
 _COLUMNS = "rowid, id, user_id, text, tags, created_at, source, label, commit_sha, chunk"
 VECTOR_CACHE_BYTES = 256 * 2**20
@@ -120,24 +113,20 @@ class SqliteArchive:
         self._cache: OrderedDict[str, _UserVectors] = OrderedDict()
         self._cache_lock = threading.Lock()
         with self._db() as db:
-            create_owned_index(db, "passages_fts", _SCHEMA)
+            PASSAGES_FTS.create(db, _TABLES)
             self._check_embedder(db)
 
     def _db(self) -> sqlite3.Connection:
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            db = connect_sqlite(self.path)
             db.row_factory = sqlite3.Row
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA busy_timeout=30000")
-            db.execute("PRAGMA synchronous=NORMAL")
             self._local.db = db
         return db
 
     def _check_embedder(self, db: sqlite3.Connection) -> None:
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with immediate(db):
             meta = dict(db.execute("SELECT key, value FROM archive_meta").fetchall())
             if not meta:
                 db.executemany(
@@ -154,10 +143,6 @@ class SqliteArchive:
                     f"(dimension {self.embedder.dim}) would mix incompatible vectors. Use the "
                     "same embedder, or a new archive file and re-import"
                 )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def close(self) -> None:
         db = getattr(self._local, "db", None)
@@ -195,8 +180,7 @@ class SqliteArchive:
             )
             for n, (index, pid, text) in enumerate(todo)
         ]
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with immediate(db):
             before = db.total_changes
             db.executemany(
                 "INSERT OR IGNORE INTO passages (id, user_id, text, tags, created_at, source, "
@@ -205,10 +189,6 @@ class SqliteArchive:
             )
             if db.total_changes > before:
                 self._bump(db, passage.user_id)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return ids
 
     @staticmethod
@@ -224,8 +204,7 @@ class SqliteArchive:
         if not ids:
             return 0
         db = self._db()
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with immediate(db):
             deleted = 0
             for start in range(0, len(ids), 500):
                 part = ids[start : start + 500]
@@ -237,10 +216,6 @@ class SqliteArchive:
                 deleted += cursor.rowcount
             if deleted:
                 self._bump(db, user_id)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return deleted
 
     # -- reads -----------------------------------------------------------------------------
@@ -372,22 +347,22 @@ class SqliteArchive:
             return [PassageHit(passage=_passage(r), score=0.0) for r in rows]
         keyword: dict[str, float] = {}
         if request.alpha < 1.0:
-            match = owner_match(user_id, "text", terms, "OR")
+            match, rank = PASSAGES_FTS.match(user_id, terms, "OR"), PASSAGES_FTS.rank
             # The owner token matches that user's rows and no other, so without filters the
             # index alone ranks them (no lookup of each matching row in `passages`, which
             # costs as much as the match at 100k rows).
             query, args = (
                 (
-                    "SELECT p.rowid, bm25(passages_fts, 0.0, 1.0) FROM passages_fts "
+                    f"SELECT p.rowid, {rank} FROM passages_fts "
                     "JOIN passages p ON p.rowid = passages_fts.rowid "
                     f"WHERE passages_fts MATCH ? AND p.user_id = ?{where} "
-                    "ORDER BY bm25(passages_fts, 0.0, 1.0) LIMIT ?",
+                    f"ORDER BY {rank} LIMIT ?",
                     [match, user_id, *params, LEG_LIMIT],
                 )
                 if where
                 else (
-                    "SELECT rowid, bm25(passages_fts, 0.0, 1.0) FROM passages_fts "
-                    "WHERE passages_fts MATCH ? ORDER BY bm25(passages_fts, 0.0, 1.0) LIMIT ?",
+                    f"SELECT rowid, {rank} FROM passages_fts "
+                    f"WHERE passages_fts MATCH ? ORDER BY {rank} LIMIT ?",
                     [match, LEG_LIMIT],
                 )
             )
