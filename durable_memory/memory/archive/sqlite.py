@@ -1,15 +1,18 @@
 """The embedded archive: SQLite FTS5 (BM25) + float32 vectors, exact search per user.
 
 One file, WAL mode, so several processes (workers, the CLI) share it. Vectors of a user are
-cached in memory as one matrix and searched exactly; the cache is keyed by a per-user version
-that every write bumps, so a write from another process invalidates it too.
+cached in memory as one matrix and searched exactly (vector_cache.py); the cache is keyed by
+a per-user version that every write bumps, so a write from another process invalidates it too.
+
+Over 300 lines because it is one class: its writes, reads and the two legs of its hybrid
+search share one schema and one connection per thread; split further, each part would
+reach into the others. The SQL helpers are store/sql.py's, the vectors in memory are in
+vector_cache.py.
 """
 
 import json
 import sqlite3
 import threading
-from collections import OrderedDict
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -23,9 +26,10 @@ from durable_memory.memory.archive.protocol import (
     missing_chunks,
     relative_score_fusion,
 )
+from durable_memory.memory.archive.vector_cache import VECTOR_CACHE_BYTES, UserVectors, VectorCache
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.recall import fts_terms
-from durable_memory.memory.store.sql import OwnedIndex, connect_sqlite, immediate
+from durable_memory.memory.store.sql import OwnedIndex, connect_sqlite, immediate, utc
 from durable_memory.models.archive import (
     ArchiveSearch,
     NewPassage,
@@ -68,18 +72,6 @@ PASSAGES_FTS = OwnedIndex(
 """One full-text index for every user's passages, each row with its owner."""
 
 _COLUMNS = "rowid, id, user_id, text, tags, created_at, source, label, commit_sha, chunk"
-VECTOR_CACHE_BYTES = 256 * 2**20
-"""Vectors kept in memory across users, least recently searched out first. One user larger
-than this is still kept (alone): reloading 100k vectors for every search costs far more."""
-
-
-@dataclass(frozen=True)
-class _UserVectors:
-    version: int
-    rowids: np.ndarray
-    vectors: Vector
-    created: np.ndarray
-    tags: list[frozenset[str]]
 
 
 def _passage(row: sqlite3.Row) -> Passage:
@@ -97,7 +89,7 @@ def _passage(row: sqlite3.Row) -> Passage:
 
 
 def _epoch(value: datetime) -> float:
-    return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
+    return utc(value).timestamp()
 
 
 class SqliteArchive:
@@ -108,10 +100,8 @@ class SqliteArchive:
     ) -> None:
         self.path = Path(path)
         self.embedder = embedder
-        self.cache_bytes = cache_bytes
         self._local = threading.local()
-        self._cache: OrderedDict[str, _UserVectors] = OrderedDict()
-        self._cache_lock = threading.Lock()
+        self._cache = VectorCache(cache_bytes)
         with self._db() as db:
             PASSAGES_FTS.create(db, _TABLES)
             self._check_embedder(db)
@@ -244,13 +234,11 @@ class SqliteArchive:
         )
         return int(row[0]) if row else 0
 
-    def _vectors(self, user_id: str) -> _UserVectors:
+    def _vectors(self, user_id: str) -> UserVectors:
         version = self._version(user_id)
-        with self._cache_lock:
-            cached = self._cache.get(user_id)
-            if cached is not None and cached.version == version:
-                self._cache.move_to_end(user_id)
-                return cached
+        cached = self._cache.get(user_id, version)
+        if cached is not None:
+            return cached
         rows = (
             self._db()
             .execute(
@@ -260,33 +248,13 @@ class SqliteArchive:
             )
             .fetchall()
         )
-        dim = self.embedder.dim
-        loaded = _UserVectors(
-            version=version,
-            rowids=np.array([r[0] for r in rows], dtype=np.int64),
-            vectors=(
-                np.frombuffer(b"".join(r[3] for r in rows), dtype=np.float32).reshape(
-                    len(rows), dim
-                )
-                if rows
-                else np.zeros((0, dim), dtype=np.float32)
-            ),
-            created=np.array([r[1] for r in rows], dtype=np.float64),
-            tags=[frozenset(json.loads(r[2])) for r in rows],
-        )
-        with self._cache_lock:
-            self._cache[user_id] = loaded
-            self._cache.move_to_end(user_id)
-            held = sum(c.vectors.nbytes for c in self._cache.values())
-            while held > self.cache_bytes and len(self._cache) > 1:
-                _, evicted = self._cache.popitem(last=False)
-                held -= evicted.vectors.nbytes
+        loaded = UserVectors.from_rows(version, rows, self.embedder.dim)
+        self._cache.put(user_id, loaded)
         return loaded
 
     def cached_users(self) -> list[str]:
         """Users whose vectors are in memory, least recently searched first."""
-        with self._cache_lock:
-            return list(self._cache)
+        return self._cache.users()
 
     def _filter_sql(self, request: ArchiveSearch) -> tuple[str, list[object]]:
         clauses: list[str] = []
@@ -308,22 +276,6 @@ class SqliteArchive:
                 )
             params.extend(request.tags)
         return "".join(f" AND {c}" for c in clauses), params
-
-    def _vector_mask(self, cache: _UserVectors, request: ArchiveSearch) -> np.ndarray:
-        mask = np.ones(len(cache.rowids), dtype=bool)
-        if request.start is not None:
-            mask &= cache.created >= _epoch(request.start)
-        if request.end is not None:
-            mask &= cache.created < _epoch(request.end)
-        if request.tags:
-            wanted = set(request.tags)
-            match = (
-                (lambda t: bool(t & wanted))
-                if request.tag_match is TagMatch.ANY
-                else (lambda t: wanted <= t)
-            )
-            mask &= np.array([match(t) for t in cache.tags], dtype=bool)
-        return mask
 
     def search(self, user_id: str, request: ArchiveSearch) -> list[PassageHit]:
         """Hybrid search; `search_vector` lets a caller pass a precomputed query embedding."""
@@ -377,7 +329,7 @@ class SqliteArchive:
                     if query_vector is not None
                     else self.embedder.embed_query(request.query)
                 )
-                candidates = np.flatnonzero(self._vector_mask(cache, request))
+                candidates = np.flatnonzero(cache.mask(request))
                 if len(candidates):
                     # Score every row, then keep the candidates: `vectors[candidates]` would copy
                     # the matrix on every query, ten times the cost of the product (100k rows).
