@@ -15,12 +15,12 @@ from durable_memory.memory.archive.protocol import ArchiveError, ArchiveStore
 from durable_memory.memory.archive.sqlite import SqliteArchive
 from durable_memory.memory.core.profiles import load_profile
 from durable_memory.memory.rotation.rotator import DEFAULT_TARGET_RATIO, ArchiveTaskSink, Rotator
-from durable_memory.memory.rotation.state import RotationStateStore
 from durable_memory.memory.service import MemoryService
 from durable_memory.memory.store.db import make_engine
 from durable_memory.memory.store.diffs import DiffStore
 from durable_memory.memory.store.git_store import GitBlockStore
 from durable_memory.memory.store.recall import RecallStore
+from durable_memory.memory.store.rotation_state import RotationStateStore
 from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.models.blocks import AgentProfile
 

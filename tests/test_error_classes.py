@@ -6,11 +6,14 @@ every attempt. (The other class seen stuck forever, a value the recall store ref
 bounded at its source: tests/test_huge_turn.py.)"""
 
 import asyncio
+import importlib
+import pkgutil
 import socket
 import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,10 +25,13 @@ from pydantic import ValidationError
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.failure.v1 import Failure
 from temporalio.client import WorkflowExecutionStatus
+from temporalio.common import RetryPolicy
 from temporalio.testing import WorkflowEnvironment
 
+import durable_memory
 from durable_memory.activities.errors import (
     UNKNOWN_ERROR_ATTEMPTS,
+    final_error_types,
     is_transient,
     to_failure,
 )
@@ -46,6 +52,7 @@ from durable_memory.memory.core.errors import (
 )
 from durable_memory.models.recall import MessageRole, NewMessage
 from durable_memory.models.turn import TurnInput, turn_workflow_id
+from durable_memory.workflows.common import activity_options
 from tests.support.temporal_helpers import Rig, rig_settings, running_rig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,6 +160,50 @@ def test_each_class_fails_as_it_should_with_a_short_named_message() -> None:
         assert len(failure.message.encode("utf-8")) <= FAILURE_MESSAGE_BYTES
 
 
+def _every_domain_error_class() -> list[type[DurableMemoryError]]:
+    """Every DurableMemoryError class of the package (each module imported) and of this file."""
+    for module in pkgutil.walk_packages(durable_memory.__path__, "durable_memory."):
+        importlib.import_module(module.name)
+    found: list[type[DurableMemoryError]] = [DurableMemoryError]
+    for cls in found:
+        found.extend(cls.__subclasses__())
+    return found
+
+
+def _instances(cls: type[DurableMemoryError]) -> list[DurableMemoryError]:
+    """An instance as raised; a class whose instances choose get one of each kind."""
+    if cls.retryable_per_instance:
+        return [cls("refused", retryable=flag) for flag in (True, False)]  # type: ignore[call-arg]
+    try:
+        return [cls("refused")]
+    except TypeError:  # a constructor that wants more (CharLimitExceeded's label and sizes)
+        error = cls.__new__(cls)
+        Exception.__init__(error, "refused")
+        return [error]
+
+
+def test_every_domain_error_is_retried_as_its_retryable_says() -> None:
+    """By the activity wrapper (the failure's non_retryable flag) and by the workflows' retry
+    policy (its non-retryable types), each on its own: `retryable` is the one truth."""
+    classes = _every_domain_error_class()
+    policy = activity_options(ActivitySettings(start_to_close_s=1))["retry_policy"]
+    assert isinstance(policy, RetryPolicy)
+    final_types = set(policy.non_retryable_error_types or ())
+    assert {"UnknownDiff", "DiffAlreadyDecided", "LimitExceeded"} <= final_types
+    assert LockBusy in classes
+    assert ModelCallError in classes
+    for cls in classes:
+        listed = cls.__name__ in final_types
+        assert listed == (not cls.retryable and not cls.retryable_per_instance), cls
+        for error in _instances(cls):
+            for attempt in (1, UNKNOWN_ERROR_ATTEMPTS + 1):
+                failure = to_failure(error, "dmem.x", attempt)
+                assert failure.type == cls.__name__
+                assert failure.non_retryable is not error.retryable, (cls, attempt)
+                retried = not failure.non_retryable and failure.type not in final_types
+                assert retried is error.retryable, (cls, attempt)
+
+
 def test_short_message_cuts_on_a_character_boundary() -> None:
     assert short_message("short") == "short"
     cut = short_message("€" * 1000)
@@ -204,27 +255,37 @@ def _failure_text(failure: Failure) -> str:
     return " | ".join(parts)
 
 
-async def _failed_turn(rig: Rig, user_id: str, turn_id: str) -> tuple[str, dict[str, int]]:
-    """Send a turn that must fail; its failure's text, and each activity's last attempt."""
+@dataclass
+class FailedTurn:
+    failure: str
+    """Every message of the workflow's failure and its causes."""
+    attempts: dict[str, int]
+    """Each activity's last attempt."""
+    final_types: dict[str, list[str]]
+    """Each activity's non-retryable error types, as its retry policy reached the server."""
+
+
+async def _failed_turn(rig: Rig, user_id: str, turn_id: str) -> FailedTurn:
+    """Send a turn that must fail; what its history says of the failure."""
     with pytest.raises(Exception, match=r"."):  # the caller's error is `wfboundary`'s to shape
         await asyncio.wait_for(rig.client.send_message(user_id, "hi", turn_id=turn_id), 300)
     handle = rig.client.client.get_workflow_handle(turn_workflow_id(user_id, turn_id))
     assert (await handle.describe()).status is WorkflowExecutionStatus.FAILED
     history = await handle.fetch_history()
     types: dict[int, str] = {}
-    attempts: dict[str, int] = {}
-    failure = ""
+    turn = FailedTurn(failure="", attempts={}, final_types={})
     for event in history.events:
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            types[event.event_id] = (
-                event.activity_task_scheduled_event_attributes.activity_type.name
-            )
+            scheduled = event.activity_task_scheduled_event_attributes
+            types[event.event_id] = scheduled.activity_type.name
+            final_types = list(scheduled.retry_policy.non_retryable_error_types)
+            turn.final_types[scheduled.activity_type.name] = final_types
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
             started = event.activity_task_started_event_attributes
-            attempts[types[started.scheduled_event_id]] = started.attempt
+            turn.attempts[types[started.scheduled_event_id]] = started.attempt
         elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
-            failure = _failure_text(event.workflow_execution_failed_event_attributes.failure)
-    return failure, attempts
+            turn.failure = _failure_text(event.workflow_execution_failed_event_attributes.failure)
+    return turn
 
 
 @contextmanager
@@ -258,7 +319,27 @@ async def test_an_activity_past_its_timeout_on_every_attempt_ends_the_turn(
     async with running_rig(temporal_env.client, settings, []) as rig:
         rig.stack.service.ensure_user("alice")
         with _held_repository(rig.stack, "alice"):
-            failure, attempts = await _failed_turn(rig, "alice", "t1")
-        assert attempts["dmem.prepare_turn"] == 3
-        assert "dmem.prepare_turn" in failure
-        assert "timed out" in failure.lower()
+            turn = await _failed_turn(rig, "alice", "t1")
+        assert turn.attempts["dmem.prepare_turn"] == 3
+        assert "dmem.prepare_turn" in turn.failure
+        assert "timed out" in turn.failure.lower()
+
+
+async def test_the_server_holds_policies_naming_the_final_types(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """Every activity's retry policy, as the server holds it, names the final domain error
+    types; a model 400 (a class whose instances choose, so never named) still ends the turn
+    at its first attempt."""
+    settings = rig_settings(tmp_path / "data")
+    quick = ActivitySettings(start_to_close_s=30, retry=QUICK)
+    activities = ActivitiesSettings(memory=quick, model_call=quick)
+    settings = settings.model_copy(update={"activities": activities})
+    async with running_rig(temporal_env.client, settings, []) as rig:  # no reply scripted
+        turn = await _failed_turn(rig, "alice", "t1")
+    assert turn.attempts == {"dmem.prepare_turn": 1, "dmem.call_model": 1}
+    assert "ModelCallError: model API error 400" in turn.failure
+    final = final_error_types()
+    assert {"UnknownDiff", "DiffAlreadyDecided"} <= set(final)
+    assert "ModelCallError" not in final
+    assert turn.final_types == {"dmem.prepare_turn": final, "dmem.call_model": final}

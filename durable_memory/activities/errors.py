@@ -10,7 +10,9 @@
   few times, in case it came from a passing state, then fails for good.
 
 Every failure's message is short (under 1 KiB, so an operator never sees only "Failure exceeds
-size limit") and names the activity and the error's type.
+size limit") and names the activity and the error's type, which is the error's class name.
+The workflows' retry policies name the domain error types that are never retried
+(`final_error_types`), read from the same `retryable` attributes.
 """
 
 import contextlib
@@ -48,6 +50,23 @@ def is_transient(error: BaseException) -> bool:
     if isinstance(error, git.GitCommandError):
         return any(busy in str(error.stderr) for busy in _GIT_LOCK_BUSY)
     return False
+
+
+def _subclasses(cls: type[DurableMemoryError]) -> Iterator[type[DurableMemoryError]]:
+    for subclass in cls.__subclasses__():
+        yield subclass
+        yield from _subclasses(subclass)
+
+
+def final_error_types() -> list[str]:
+    """The failure types (class names, as `to_failure` gives them) of the domain errors that
+    are never retryable: every DurableMemoryError class defined so far that says so as a
+    class. A worker imports its activities, and with them every error they can raise, before
+    its workflows ask. A name that two classes share is left out unless both are final."""
+    classes: list[type[DurableMemoryError]] = [DurableMemoryError, *_subclasses(DurableMemoryError)]
+    final = {c.__name__ for c in classes if not (c.retryable or c.retryable_per_instance)}
+    retried = {c.__name__ for c in classes if c.retryable or c.retryable_per_instance}
+    return sorted(final - retried)
 
 
 def to_failure(error: Exception, activity_type: str, attempt: int) -> ApplicationError:

@@ -5,6 +5,7 @@ from typing import Any
 
 from temporalio.common import RetryPolicy, SearchAttributeKey
 
+from durable_memory.activities.errors import final_error_types
 from durable_memory.config import ActivitySettings
 
 USER_ID = SearchAttributeKey.for_keyword("DmemUserId")
@@ -22,5 +23,8 @@ def activity_options(settings: ActivitySettings) -> dict[str, Any]:
             backoff_coefficient=retry.backoff,
             maximum_interval=timedelta(seconds=retry.maximum_interval_s),
             maximum_attempts=retry.maximum_attempts,
+            # Our activities already fail these as non-retryable; naming them here as well
+            # keeps a domain error final even if it escaped `classified_errors`.
+            non_retryable_error_types=final_error_types(),
         ),
     }

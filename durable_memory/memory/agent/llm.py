@@ -25,6 +25,8 @@ class ModelConfigError(DurableMemoryError):
 class ModelCallError(DurableMemoryError):
     """A failed model call, classified for the caller's retry policy."""
 
+    retryable_per_instance = True
+
     def __init__(
         self,
         message: str,

@@ -1,15 +1,18 @@
 """The embedded archive: SQLite FTS5 (BM25) + float32 vectors, exact search per user.
 
 One file, WAL mode, so several processes (workers, the CLI) share it. Vectors of a user are
-cached in memory as one matrix and searched exactly; the cache is keyed by a per-user version
-that every write bumps, so a write from another process invalidates it too.
+cached in memory as one matrix and searched exactly (vector_cache.py); the cache is keyed by
+a per-user version that every write bumps, so a write from another process invalidates it too.
+
+Over 300 lines because it is one class: its writes, reads and the two legs of its hybrid
+search share one schema and one connection per thread; split further, each part would
+reach into the others. The SQL helpers are store/sql.py's, the vectors in memory are in
+vector_cache.py.
 """
 
 import json
 import sqlite3
 import threading
-from collections import OrderedDict
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -23,9 +26,10 @@ from durable_memory.memory.archive.protocol import (
     missing_chunks,
     relative_score_fusion,
 )
+from durable_memory.memory.archive.vector_cache import VECTOR_CACHE_BYTES, UserVectors, VectorCache
 from durable_memory.memory.core.ids import validate_user_id
-from durable_memory.memory.store.fts import create_owned_index, owner_match
 from durable_memory.memory.store.recall import fts_terms
+from durable_memory.memory.store.sql import OwnedIndex, connect_sqlite, immediate, utc
 from durable_memory.models.archive import (
     ArchiveSearch,
     NewPassage,
@@ -38,7 +42,7 @@ from durable_memory.models.archive import (
 LEG_LIMIT = 100
 """Candidates each leg (BM25, vector) contributes to the fusion, as Weaviate's hybrid does."""
 
-_SCHEMA = [
+_TABLES = [
     "CREATE TABLE IF NOT EXISTS archive_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     """CREATE TABLE IF NOT EXISTS passages (
         rowid INTEGER PRIMARY KEY,
@@ -54,39 +58,20 @@ _SCHEMA = [
         vector BLOB NOT NULL
     )""",
     "CREATE INDEX IF NOT EXISTS passages_user_time ON passages (user_id, created_at)",
-    # One full-text index for every user's passages, each row with its owner (memory.fts).
-    """CREATE VIEW IF NOT EXISTS passages_fts_source AS
-        SELECT rowid, hex(user_id) AS owner, text FROM passages""",
-    """CREATE VIRTUAL TABLE IF NOT EXISTS passages_fts USING fts5(
-        owner, text, content='passages_fts_source', content_rowid='rowid',
-        tokenize='unicode61 remove_diacritics 2'
-    )""",
-    """CREATE TRIGGER IF NOT EXISTS passages_fts_insert AFTER INSERT ON passages BEGIN
-        INSERT INTO passages_fts (rowid, owner, text)
-        VALUES (new.rowid, hex(new.user_id), new.text);
-    END""",
-    """CREATE TRIGGER IF NOT EXISTS passages_fts_delete AFTER DELETE ON passages BEGIN
-        INSERT INTO passages_fts (passages_fts, rowid, owner, text)
-        VALUES ('delete', old.rowid, hex(old.user_id), old.text);
-    END""",
     """CREATE TABLE IF NOT EXISTS archive_versions (
         user_id TEXT PRIMARY KEY, version INTEGER NOT NULL
     )""",
 ]
+PASSAGES_FTS = OwnedIndex(
+    "passages_fts",
+    table="passages",
+    rowid="rowid",
+    column="text",
+    tokenize="unicode61 remove_diacritics 2",
+)
+"""One full-text index for every user's passages, each row with its owner."""
 
 _COLUMNS = "rowid, id, user_id, text, tags, created_at, source, label, commit_sha, chunk"
-VECTOR_CACHE_BYTES = 256 * 2**20
-"""Vectors kept in memory across users, least recently searched out first. One user larger
-than this is still kept (alone): reloading 100k vectors for every search costs far more."""
-
-
-@dataclass(frozen=True)
-class _UserVectors:
-    version: int
-    rowids: np.ndarray
-    vectors: Vector
-    created: np.ndarray
-    tags: list[frozenset[str]]
 
 
 def _passage(row: sqlite3.Row) -> Passage:
@@ -104,7 +89,7 @@ def _passage(row: sqlite3.Row) -> Passage:
 
 
 def _epoch(value: datetime) -> float:
-    return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
+    return utc(value).timestamp()
 
 
 class SqliteArchive:
@@ -115,29 +100,23 @@ class SqliteArchive:
     ) -> None:
         self.path = Path(path)
         self.embedder = embedder
-        self.cache_bytes = cache_bytes
         self._local = threading.local()
-        self._cache: OrderedDict[str, _UserVectors] = OrderedDict()
-        self._cache_lock = threading.Lock()
+        self._cache = VectorCache(cache_bytes)
         with self._db() as db:
-            create_owned_index(db, "passages_fts", _SCHEMA)
+            PASSAGES_FTS.create(db, _TABLES)
             self._check_embedder(db)
 
     def _db(self) -> sqlite3.Connection:
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            db = connect_sqlite(self.path)
             db.row_factory = sqlite3.Row
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA busy_timeout=30000")
-            db.execute("PRAGMA synchronous=NORMAL")
             self._local.db = db
         return db
 
     def _check_embedder(self, db: sqlite3.Connection) -> None:
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with immediate(db):
             meta = dict(db.execute("SELECT key, value FROM archive_meta").fetchall())
             if not meta:
                 db.executemany(
@@ -154,10 +133,6 @@ class SqliteArchive:
                     f"(dimension {self.embedder.dim}) would mix incompatible vectors. Use the "
                     "same embedder, or a new archive file and re-import"
                 )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def close(self) -> None:
         db = getattr(self._local, "db", None)
@@ -195,8 +170,7 @@ class SqliteArchive:
             )
             for n, (index, pid, text) in enumerate(todo)
         ]
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with immediate(db):
             before = db.total_changes
             db.executemany(
                 "INSERT OR IGNORE INTO passages (id, user_id, text, tags, created_at, source, "
@@ -205,10 +179,6 @@ class SqliteArchive:
             )
             if db.total_changes > before:
                 self._bump(db, passage.user_id)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return ids
 
     @staticmethod
@@ -224,8 +194,7 @@ class SqliteArchive:
         if not ids:
             return 0
         db = self._db()
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with immediate(db):
             deleted = 0
             for start in range(0, len(ids), 500):
                 part = ids[start : start + 500]
@@ -237,10 +206,6 @@ class SqliteArchive:
                 deleted += cursor.rowcount
             if deleted:
                 self._bump(db, user_id)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return deleted
 
     # -- reads -----------------------------------------------------------------------------
@@ -269,13 +234,11 @@ class SqliteArchive:
         )
         return int(row[0]) if row else 0
 
-    def _vectors(self, user_id: str) -> _UserVectors:
+    def _vectors(self, user_id: str) -> UserVectors:
         version = self._version(user_id)
-        with self._cache_lock:
-            cached = self._cache.get(user_id)
-            if cached is not None and cached.version == version:
-                self._cache.move_to_end(user_id)
-                return cached
+        cached = self._cache.get(user_id, version)
+        if cached is not None:
+            return cached
         rows = (
             self._db()
             .execute(
@@ -285,33 +248,13 @@ class SqliteArchive:
             )
             .fetchall()
         )
-        dim = self.embedder.dim
-        loaded = _UserVectors(
-            version=version,
-            rowids=np.array([r[0] for r in rows], dtype=np.int64),
-            vectors=(
-                np.frombuffer(b"".join(r[3] for r in rows), dtype=np.float32).reshape(
-                    len(rows), dim
-                )
-                if rows
-                else np.zeros((0, dim), dtype=np.float32)
-            ),
-            created=np.array([r[1] for r in rows], dtype=np.float64),
-            tags=[frozenset(json.loads(r[2])) for r in rows],
-        )
-        with self._cache_lock:
-            self._cache[user_id] = loaded
-            self._cache.move_to_end(user_id)
-            held = sum(c.vectors.nbytes for c in self._cache.values())
-            while held > self.cache_bytes and len(self._cache) > 1:
-                _, evicted = self._cache.popitem(last=False)
-                held -= evicted.vectors.nbytes
+        loaded = UserVectors.from_rows(version, rows, self.embedder.dim)
+        self._cache.put(user_id, loaded)
         return loaded
 
     def cached_users(self) -> list[str]:
         """Users whose vectors are in memory, least recently searched first."""
-        with self._cache_lock:
-            return list(self._cache)
+        return self._cache.users()
 
     def _filter_sql(self, request: ArchiveSearch) -> tuple[str, list[object]]:
         clauses: list[str] = []
@@ -333,22 +276,6 @@ class SqliteArchive:
                 )
             params.extend(request.tags)
         return "".join(f" AND {c}" for c in clauses), params
-
-    def _vector_mask(self, cache: _UserVectors, request: ArchiveSearch) -> np.ndarray:
-        mask = np.ones(len(cache.rowids), dtype=bool)
-        if request.start is not None:
-            mask &= cache.created >= _epoch(request.start)
-        if request.end is not None:
-            mask &= cache.created < _epoch(request.end)
-        if request.tags:
-            wanted = set(request.tags)
-            match = (
-                (lambda t: bool(t & wanted))
-                if request.tag_match is TagMatch.ANY
-                else (lambda t: wanted <= t)
-            )
-            mask &= np.array([match(t) for t in cache.tags], dtype=bool)
-        return mask
 
     def search(self, user_id: str, request: ArchiveSearch) -> list[PassageHit]:
         """Hybrid search; `search_vector` lets a caller pass a precomputed query embedding."""
@@ -372,22 +299,22 @@ class SqliteArchive:
             return [PassageHit(passage=_passage(r), score=0.0) for r in rows]
         keyword: dict[str, float] = {}
         if request.alpha < 1.0:
-            match = owner_match(user_id, "text", terms, "OR")
+            match, rank = PASSAGES_FTS.match(user_id, terms, "OR"), PASSAGES_FTS.rank
             # The owner token matches that user's rows and no other, so without filters the
             # index alone ranks them (no lookup of each matching row in `passages`, which
             # costs as much as the match at 100k rows).
             query, args = (
                 (
-                    "SELECT p.rowid, bm25(passages_fts, 0.0, 1.0) FROM passages_fts "
+                    f"SELECT p.rowid, {rank} FROM passages_fts "
                     "JOIN passages p ON p.rowid = passages_fts.rowid "
                     f"WHERE passages_fts MATCH ? AND p.user_id = ?{where} "
-                    "ORDER BY bm25(passages_fts, 0.0, 1.0) LIMIT ?",
+                    f"ORDER BY {rank} LIMIT ?",
                     [match, user_id, *params, LEG_LIMIT],
                 )
                 if where
                 else (
-                    "SELECT rowid, bm25(passages_fts, 0.0, 1.0) FROM passages_fts "
-                    "WHERE passages_fts MATCH ? ORDER BY bm25(passages_fts, 0.0, 1.0) LIMIT ?",
+                    f"SELECT rowid, {rank} FROM passages_fts "
+                    f"WHERE passages_fts MATCH ? ORDER BY {rank} LIMIT ?",
                     [match, LEG_LIMIT],
                 )
             )
@@ -402,7 +329,7 @@ class SqliteArchive:
                     if query_vector is not None
                     else self.embedder.embed_query(request.query)
                 )
-                candidates = np.flatnonzero(self._vector_mask(cache, request))
+                candidates = np.flatnonzero(cache.mask(request))
                 if len(candidates):
                     # Score every row, then keep the candidates: `vectors[candidates]` would copy
                     # the matrix on every query, ten times the cost of the product (100k rows).

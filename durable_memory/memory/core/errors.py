@@ -1,5 +1,7 @@
 """Every error a caller can cause. One clear message each; the CLI maps them to exit status 2."""
 
+from typing import ClassVar
+
 from pydantic import ValidationError
 
 from durable_memory.models.diffs import PendingDiff
@@ -10,10 +12,15 @@ class DurableMemoryError(Exception):
 
     `retryable` says whether trying the same thing again may succeed without anyone changing
     anything (a lock held by a live writer, say). Most domain errors are about the input and
-    stay False: a retry would only fail the same way.
+    stay False: a retry would only fail the same way. It is the one source of truth: the
+    activities' failures and the workflows' retry policies are derived from it
+    (activities/errors.py).
     """
 
     retryable: bool = False
+    retryable_per_instance: ClassVar[bool] = False
+    """True for a class whose instances each set `retryable` (a failed model call: a 429 is
+    retryable, a 400 is not), so that the class as a whole is neither."""
 
 
 class InvalidIdentifier(DurableMemoryError):

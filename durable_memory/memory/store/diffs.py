@@ -14,6 +14,7 @@ from sqlmodel import Field, Session, SQLModel, col, select
 
 from durable_memory.memory.core.errors import DiffAlreadyDecided, UnknownDiff
 from durable_memory.memory.core.ids import validate_diff_id
+from durable_memory.memory.store.sql import utc
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.operations import EditOperation
 
@@ -41,14 +42,6 @@ class PendingDiffRow(SQLModel, table=True):
     superseded_by: str | None = Field(default=None, max_length=32)
 
 
-def _utc(value: datetime | None) -> datetime | None:
-    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
-
-
-def _aware(value: datetime) -> datetime:
-    return value.astimezone(UTC)
-
-
 def _to_model(row: PendingDiffRow) -> PendingDiff:
     return PendingDiff(
         id=row.id,
@@ -60,8 +53,8 @@ def _to_model(row: PendingDiffRow) -> PendingDiff:
         proposed_by=row.proposed_by,
         status=DiffStatus(row.status),
         summary=row.summary,
-        created_at=_utc(row.created_at) or row.created_at,
-        decided_at=_utc(row.decided_at),
+        created_at=utc(row.created_at),
+        decided_at=utc(row.decided_at) if row.decided_at is not None else None,
         decided_by=row.decided_by,
         decision_reason=row.decision_reason,
         edited_operation=(
@@ -99,7 +92,7 @@ class DiffStore:
                     .values(
                         status=DiffStatus.SUPERSEDED.value,
                         superseded_by=diff.id,
-                        decided_at=_aware(diff.created_at),
+                        decided_at=utc(diff.created_at),
                         decision_reason=f"superseded by a newer proposal {diff.id}",
                     )
                 )
@@ -114,7 +107,7 @@ class DiffStore:
                     proposed_by=diff.proposed_by,
                     status=diff.status.value,
                     summary=diff.summary,
-                    created_at=_aware(diff.created_at),
+                    created_at=utc(diff.created_at),
                 )
             )
             session.commit()
@@ -196,7 +189,7 @@ class DiffStore:
         if edited_operation is not None:
             values["edited_operation"] = _OPERATION.dump_json(edited_operation).decode()
         if isinstance(values.get("decided_at"), datetime):
-            values["decided_at"] = _aware(values["decided_at"])
+            values["decided_at"] = utc(values["decided_at"])
         with Session(self.engine) as session:
             result = session.execute(
                 update(PendingDiffRow)

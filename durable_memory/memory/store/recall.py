@@ -16,7 +16,13 @@ from sqlmodel import Field, Session, SQLModel, col, select
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.core.limits import LimitExceeded, check_query
-from durable_memory.memory.store.fts import owner_match
+from durable_memory.memory.store.sql import (
+    OwnedIndex,
+    postgres_text_index,
+    postgres_text_query,
+    postgres_text_vector,
+    utc,
+)
 from durable_memory.models.limits import MAX_QUERY_TERMS
 from durable_memory.models.recall import MessageRole, NewMessage, RecallMessage, RecallPage
 
@@ -39,9 +45,12 @@ class RecallMessageRow(SQLModel, table=True):
     created_at: datetime = Field(index=True)
 
 
-def _utc(value: datetime) -> datetime:
-    """Naive datetimes are taken as UTC; SQLModel stores timezone-aware values only."""
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+RECALL_FTS = OwnedIndex(
+    "recall_fts", table="recall_messages", rowid="id", column="content", tokenize="unicode61"
+)
+"""SQLite: one full-text index for every user's messages, each row with its owner."""
+RECALL_TEXT_INDEX = postgres_text_index("recall_messages_fts", "recall_messages", "content")
+"""PostgreSQL: the full-text index of the messages' content."""
 
 
 def _plain_select() -> Select[Any]:
@@ -62,7 +71,7 @@ def _to_model(row: RecallMessageRow | Row[Any]) -> RecallMessage:
         tool_name=row.tool_name,
         tool_call_id=row.tool_call_id,
         is_error=row.is_error,
-        created_at=_utc(row.created_at),
+        created_at=utc(row.created_at),
     )
 
 
@@ -98,7 +107,7 @@ class RecallStore:
     ) -> list[RecallMessage]:
         """Store messages numbered from `first_seq` in a turn; already stored ones are kept."""
         validate_user_id(user_id)
-        stamp = _utc(at or datetime.now(UTC))
+        stamp = utc(at or datetime.now(UTC))
         with Session(self.engine) as session:
             existing = {
                 row.seq: row
@@ -206,9 +215,9 @@ class RecallStore:
         if roles:
             filters.append(col(RecallMessageRow.role).in_([r.value for r in roles]))
         if start is not None:
-            filters.append(col(RecallMessageRow.created_at) >= _utc(start))
+            filters.append(col(RecallMessageRow.created_at) >= utc(start))
         if end is not None:
-            filters.append(col(RecallMessageRow.created_at) < _utc(end))
+            filters.append(col(RecallMessageRow.created_at) < utc(end))
         terms = fts_terms(query)
         base = select(RecallMessageRow).where(*filters)
         if not terms:
@@ -217,11 +226,11 @@ class RecallStore:
             # Match and rank once, in the index, among this user's rows only; then join for
             # the filters. MATERIALIZED keeps SQLite from probing the index again for every
             # row of the user.
-            match = owner_match(user_id, "content", terms, "AND")
+            match = RECALL_FTS.match(user_id, terms, "AND")
             hits = (
                 text(
-                    "SELECT rowid AS id, bm25(recall_fts, 0.0, 1.0) AS rank FROM recall_fts "
-                    "WHERE recall_fts MATCH :m"
+                    f"SELECT rowid AS id, {RECALL_FTS.rank} AS rank FROM {RECALL_FTS.name} "
+                    f"WHERE {RECALL_FTS.name} MATCH :m"
                 )
                 .bindparams(m=match)
                 .columns(id=Integer, rank=Float)
@@ -231,8 +240,8 @@ class RecallStore:
             base = base.join(hits, hits.c.id == col(RecallMessageRow.id))
             ranked = base.order_by(hits.c.rank, col(RecallMessageRow.id).desc())
         else:
-            tsquery = func.plainto_tsquery("simple", " ".join(terms))
-            vector = func.to_tsvector("simple", RecallMessageRow.content)
+            tsquery = postgres_text_query(terms)
+            vector = postgres_text_vector(RecallMessageRow.content)
             base = base.where(vector.op("@@")(tsquery))
             ranked = base.order_by(
                 func.ts_rank(vector, tsquery).desc(), col(RecallMessageRow.id).desc()

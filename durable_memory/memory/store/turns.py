@@ -14,7 +14,7 @@ dropped, in the same transaction as the creation. A database is migrated by the 
 """
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Table, event, inspect, text
 from sqlmodel import Field, Session, SQLModel
@@ -62,26 +62,34 @@ for _name in _LEGACY_TABLES:
     event.listen(SQLModel.metadata.tables[_name], "after_create", _adopt_legacy_rows)
 
 
+Row = TypeVar("Row", TurnContextRow, TurnStepRow)
+
+
 class TurnStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
+    def _first(self, row: Row) -> Row | None:
+        """Store `row` unless a row with its key is stored already: that one, else None."""
+        key = inspect(type(row)).primary_key_from_instance(row)
+        with Session(self.engine) as session:
+            stored = session.get(type(row), key)
+            if stored is None:
+                session.add(row)
+                session.commit()
+            return stored
+
     def save_context(self, user_id: str, turn_id: str, context: CompiledContext) -> CompiledContext:
         """Keep the first context compiled for a user's turn; a retry gets that one back."""
-        with Session(self.engine) as session:
-            row = session.get(TurnContextRow, (user_id, turn_id))
-            if row is not None:
-                return CompiledContext.model_validate_json(row.body)
-            session.add(
-                TurnContextRow(
-                    user_id=user_id,
-                    turn_id=turn_id,
-                    body=context.model_dump_json(),
-                    created_at=datetime.now(UTC),
-                )
+        stored = self._first(
+            TurnContextRow(
+                user_id=user_id,
+                turn_id=turn_id,
+                body=context.model_dump_json(),
+                created_at=datetime.now(UTC),
             )
-            session.commit()
-            return context
+        )
+        return context if stored is None else CompiledContext.model_validate_json(stored.body)
 
     def context(self, user_id: str, turn_id: str) -> CompiledContext:
         with Session(self.engine) as session:
@@ -97,18 +105,13 @@ class TurnStore:
 
     def save_reply(self, user_id: str, turn_id: str, step: int, reply: ModelReply) -> ModelReply:
         """Keep the first reply stored for a step of a user's turn."""
-        with Session(self.engine) as session:
-            row = session.get(TurnStepRow, (user_id, turn_id, step))
-            if row is not None:
-                return ModelReply.model_validate_json(row.reply)
-            session.add(
-                TurnStepRow(
-                    user_id=user_id,
-                    turn_id=turn_id,
-                    step=step,
-                    reply=reply.model_dump_json(),
-                    created_at=datetime.now(UTC),
-                )
+        stored = self._first(
+            TurnStepRow(
+                user_id=user_id,
+                turn_id=turn_id,
+                step=step,
+                reply=reply.model_dump_json(),
+                created_at=datetime.now(UTC),
             )
-            session.commit()
-            return reply
+        )
+        return reply if stored is None else ModelReply.model_validate_json(stored.reply)

@@ -1,0 +1,97 @@
+"""The embedded archive's vectors in memory: each user's as one matrix, searched exactly.
+
+An entry carries the user's version, which every write bumps in the database (so a write
+from another process counts too): an entry whose version is not the current one is a miss.
+"""
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from durable_memory.memory.archive.embedders import Vector
+from durable_memory.memory.store.sql import utc
+from durable_memory.models.archive import ArchiveSearch, TagMatch
+
+VECTOR_CACHE_BYTES = 256 * 2**20
+"""Vectors kept in memory across users, least recently searched out first. One user larger
+than this is still kept (alone): reloading 100k vectors for every search costs far more."""
+
+
+@dataclass(frozen=True)
+class UserVectors:
+    version: int
+    rowids: np.ndarray
+    vectors: Vector
+    created: np.ndarray
+    tags: list[frozenset[str]]
+
+    @classmethod
+    def from_rows(cls, version: int, rows: Sequence[Any], dim: int) -> "UserVectors":
+        """From the rows (rowid, created_at, tags as JSON, vector as float32 bytes)."""
+        return cls(
+            version=version,
+            rowids=np.array([r[0] for r in rows], dtype=np.int64),
+            vectors=(
+                np.frombuffer(b"".join(r[3] for r in rows), dtype=np.float32).reshape(
+                    len(rows), dim
+                )
+                if rows
+                else np.zeros((0, dim), dtype=np.float32)
+            ),
+            created=np.array([r[1] for r in rows], dtype=np.float64),
+            tags=[frozenset(json.loads(r[2])) for r in rows],
+        )
+
+    def mask(self, request: ArchiveSearch) -> np.ndarray:
+        """Which rows pass the request's time and tag filters."""
+        mask = np.ones(len(self.rowids), dtype=bool)
+        if request.start is not None:
+            mask &= self.created >= utc(request.start).timestamp()
+        if request.end is not None:
+            mask &= self.created < utc(request.end).timestamp()
+        if request.tags:
+            wanted = set(request.tags)
+            match = (
+                (lambda t: bool(t & wanted))
+                if request.tag_match is TagMatch.ANY
+                else (lambda t: wanted <= t)
+            )
+            mask &= np.array([match(t) for t in self.tags], dtype=bool)
+        return mask
+
+
+class VectorCache:
+    """Users' vectors, least recently searched out first once over `max_bytes`; thread-safe."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[str, UserVectors] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, user_id: str, version: int) -> UserVectors | None:
+        """The user's vectors if the cached ones are of `version`."""
+        with self._lock:
+            cached = self._entries.get(user_id)
+            if cached is None or cached.version != version:
+                return None
+            self._entries.move_to_end(user_id)
+            return cached
+
+    def put(self, user_id: str, vectors: UserVectors) -> None:
+        with self._lock:
+            self._entries[user_id] = vectors
+            self._entries.move_to_end(user_id)
+            held = sum(c.vectors.nbytes for c in self._entries.values())
+            while held > self.max_bytes and len(self._entries) > 1:
+                _, evicted = self._entries.popitem(last=False)
+                held -= evicted.vectors.nbytes
+
+    def users(self) -> list[str]:
+        """Users whose vectors are in memory, least recently searched first."""
+        with self._lock:
+            return list(self._entries)

@@ -1,0 +1,175 @@
+"""The SQL specifics the stores share, each written once: how a SQLite connection is set up
+(WAL, lock waits), an immediate transaction, engine creation for SQLite and PostgreSQL, and
+the full-text indexes (SQLite FTS5 tagged with the owner of each row, PostgreSQL GIN).
+
+Owner-tagged indexes: recall and the embedded archive each keep one FTS5 index for every
+user. Each row holds its owner as one token, the user id's bytes in hex (one alphanumeric
+token, unique per user id, case included), so a search matches `owner AND terms` and walks
+that user's rows only, instead of ranking every user's matches and filtering after.
+"""
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import ColumnElement, Engine, event, func
+from sqlmodel import create_engine
+
+LOCK_WAIT_S = 30
+"""How long a SQLite writer waits for another's lock before "database is locked"."""
+_SQLITE_PRAGMAS = (
+    # WAL lets several processes (workers, CLI) read while one writes; busy_timeout makes a
+    # writer wait for the lock instead of failing with "database is locked".
+    "PRAGMA journal_mode=WAL",
+    f"PRAGMA busy_timeout={LOCK_WAIT_S * 1000}",
+    "PRAGMA synchronous=NORMAL",
+)
+
+
+def apply_pragmas(db: sqlite3.Connection) -> None:
+    for pragma in _SQLITE_PRAGMAS:
+        db.execute(pragma)
+
+
+def connect_sqlite(path: Path) -> sqlite3.Connection:
+    """A connection to a SQLite file set up as every store's is, in autocommit mode: the
+    caller opens its transactions itself (see `immediate`)."""
+    db = sqlite3.connect(path, timeout=LOCK_WAIT_S, isolation_level=None)
+    apply_pragmas(db)
+    return db
+
+
+def _pragmas_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    apply_pragmas(dbapi_connection)
+
+
+def create_sql_engine(url: str) -> Engine:
+    """An engine for a SQLAlchemy URL: a SQLite file (its connections set up as in
+    `connect_sqlite`) or PostgreSQL (`postgresql://` means the psycopg 3 driver)."""
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+    if not url.startswith("sqlite"):
+        return create_engine(url, pool_pre_ping=True)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": LOCK_WAIT_S})
+    event.listen(engine, "connect", _pragmas_on_connect)
+    return engine
+
+
+@contextlib.contextmanager
+def immediate(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """A transaction that takes the write lock at once (one writer at a time, others wait up
+    to LOCK_WAIT_S), committed at the end of the block and rolled back on any exception."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
+@contextlib.contextmanager
+def raw_sqlite(engine: Engine) -> Iterator[sqlite3.Connection]:
+    """The driver's own connection of a SQLite engine, for what SQLAlchemy cannot say (FTS5)."""
+    raw = engine.raw_connection()
+    try:
+        db = raw.driver_connection
+        if not isinstance(db, sqlite3.Connection):
+            raise TypeError(f"a sqlite engine gave a {type(db).__name__} connection")
+        yield db
+    finally:
+        raw.close()
+
+
+def utc(value: datetime) -> datetime:
+    """`value` in UTC, a naive one taken as UTC: SQLite keeps no zone, so what it gives back
+    is the UTC time that was written."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+@dataclass(frozen=True)
+class OwnedIndex:
+    """A SQLite FTS5 index `name` of the text `column` of `table`, one row per row of the
+    table (`rowid` its integer key), each tagged with its owner (the table's `user_id`)."""
+
+    name: str
+    table: str
+    rowid: str
+    column: str
+    tokenize: str
+
+    def ddl(self) -> list[str]:
+        """The index (external content: a view adding the owner), and the triggers that keep
+        it in step with the table; each CREATE ... IF NOT EXISTS."""
+        name, table, rowid, column = self.name, self.table, self.rowid, self.column
+        return [
+            f"""CREATE VIEW IF NOT EXISTS {name}_source AS
+                SELECT {rowid}, hex(user_id) AS owner, {column} FROM {table}""",
+            f"""CREATE VIRTUAL TABLE IF NOT EXISTS {name} USING fts5(
+                owner, {column}, content='{name}_source', content_rowid='{rowid}',
+                tokenize='{self.tokenize}'
+            )""",
+            f"""CREATE TRIGGER IF NOT EXISTS {name}_insert AFTER INSERT ON {table} BEGIN
+                INSERT INTO {name} (rowid, owner, {column})
+                VALUES (new.{rowid}, hex(new.user_id), new.{column});
+            END""",
+            f"""CREATE TRIGGER IF NOT EXISTS {name}_delete AFTER DELETE ON {table} BEGIN
+                INSERT INTO {name} ({name}, rowid, owner, {column})
+                VALUES ('delete', old.{rowid}, hex(old.user_id), old.{column});
+            END""",
+        ]
+
+    @property
+    def rank(self) -> str:
+        """BM25 of a match, lower is better; the owner column weighs nothing."""
+        return f"bm25({self.name}, 0.0, 1.0)"
+
+    def match(self, user_id: str, terms: Sequence[str], operator: str) -> str:
+        """An FTS5 query: the user's rows whose text holds the terms joined by `operator`."""
+        phrases = f" {operator} ".join('"' + t.replace('"', '""') + '"' for t in terms)
+        return f'owner : "{user_id.encode().hex()}" AND {self.column} : ({phrases})'
+
+    def create(self, db: sqlite3.Connection, tables: Sequence[str] = ()) -> None:
+        """Run `tables` (CREATE ... IF NOT EXISTS statements: the indexed table among them,
+        unless it exists already) and create the index, in one immediate transaction. An
+        index from before the owner column is dropped with its triggers first and rebuilt
+        from its content after; the indexed rows are not touched."""
+        with immediate(db):  # one process at a time brings the index up
+            found = db.execute(
+                "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (self.name,)
+            ).fetchone()
+            outdated = found is not None and "owner" not in found[0]
+            if outdated:
+                db.execute(f"DROP TRIGGER IF EXISTS {self.name}_insert")
+                db.execute(f"DROP TRIGGER IF EXISTS {self.name}_delete")
+                db.execute(f"DROP TABLE {self.name}")
+            for ddl in [*tables, *self.ddl()]:
+                db.execute(ddl)
+            if outdated:
+                db.execute(f"INSERT INTO {self.name} ({self.name}) VALUES ('rebuild')")
+
+
+POSTGRES_TEXT_CONFIG = "simple"
+"""PostgreSQL's text search configuration: the words as written, no stemming, any language.
+The index and the queries must name the same one, or the index is never used."""
+
+
+def postgres_text_vector(column: Any) -> ColumnElement[Any]:
+    return func.to_tsvector(POSTGRES_TEXT_CONFIG, column)
+
+
+def postgres_text_query(terms: Sequence[str]) -> ColumnElement[Any]:
+    """Every one of `terms` (taken as plain words, operators included)."""
+    return func.plainto_tsquery(POSTGRES_TEXT_CONFIG, " ".join(terms))
+
+
+def postgres_text_index(name: str, table: str, column: str) -> str:
+    """The GIN index that serves `postgres_text_vector(column)`."""
+    return (
+        f"CREATE INDEX IF NOT EXISTS {name} ON {table} "
+        f"USING gin (to_tsvector('{POSTGRES_TEXT_CONFIG}', {column}))"
+    )
