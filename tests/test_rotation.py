@@ -20,7 +20,7 @@ from durable_memory.memory.rotation.state import RotationStateStore
 from durable_memory.memory.service import MemoryService
 from durable_memory.memory.store.db import make_engine
 from durable_memory.memory.store.diffs import DiffStore
-from durable_memory.memory.store.git_store import GitBlockStore
+from durable_memory.memory.store.git import GitBlockStore
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.models.archive import ArchiveSearch, PassageSource
 from durable_memory.models.blocks import RotationStrategyName

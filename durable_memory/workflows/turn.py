@@ -38,7 +38,7 @@ with workflow.unsafe.imports_passed_through():
         short_message,
         validation_message,
     )
-    from durable_memory.memory.store.git_store import validate_author_name
+    from durable_memory.memory.store.git import validate_author_name
     from durable_memory.models.diffs import DiffStatus
     from durable_memory.models.turn import (
         DecisionOutcome,

@@ -22,7 +22,7 @@ from durable_memory.memory.core.formats import from_toml, to_toml
 from durable_memory.memory.core.ids import validate_label, validate_user_id
 from durable_memory.memory.rotation.state import RotationStateStore
 from durable_memory.memory.service import Block, MemoryService
-from durable_memory.memory.store.git_store import format_message
+from durable_memory.memory.store.git import format_message
 from durable_memory.models.archive import NewPassage, PassageSource
 from durable_memory.models.blocks import BlockFields, BlockKind, BlockSpec, RotationStrategyName
 from durable_memory.models.history import Author, AuthorKind
