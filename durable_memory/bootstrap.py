@@ -14,8 +14,10 @@ from durable_memory.memory.archive.embedders import Embedder, default_embedder
 from durable_memory.memory.archive.protocol import ArchiveError, ArchiveStore
 from durable_memory.memory.archive.sqlite import SqliteArchive
 from durable_memory.memory.core.profiles import load_profile
-from durable_memory.memory.rotation.rotator import DEFAULT_TARGET_RATIO, ArchiveTaskSink, Rotator
+from durable_memory.memory.rotation.planner import DEFAULT_TARGET_RATIO
 from durable_memory.memory.rotation.state import RotationStateStore
+from durable_memory.memory.rotation.steps import Rotator
+from durable_memory.memory.rotation.task_sink import ArchiveTaskSink
 from durable_memory.memory.service import MemoryService
 from durable_memory.memory.store.db import make_engine
 from durable_memory.memory.store.diffs import DiffStore

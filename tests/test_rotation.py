@@ -8,15 +8,15 @@ import pytest
 from durable_memory.memory.archive.embedders import default_embedder
 from durable_memory.memory.archive.sqlite import SqliteArchive
 from durable_memory.memory.core.profiles import load_profile
-from durable_memory.memory.rotation.rotator import (
+from durable_memory.memory.rotation.state import RotationStateStore
+from durable_memory.memory.rotation.steps import Rotator
+from durable_memory.memory.rotation.strategies import (
     AdaptiveRotation,
     AggressiveRotation,
-    ArchiveTaskSink,
     PreservativeRotation,
-    Rotator,
     line_score,
 )
-from durable_memory.memory.rotation.state import RotationStateStore
+from durable_memory.memory.rotation.task_sink import ArchiveTaskSink
 from durable_memory.memory.service import MemoryService
 from durable_memory.memory.store.db import make_engine
 from durable_memory.memory.store.diffs import DiffStore

@@ -1,6 +1,6 @@
 """Activities of a rotation: plan, archive, commit. The ticket carries only the base sha;
 each step re-derives the plan from it, and each step is idempotent
-(see memory/rotation/rotator.py)."""
+(see memory/rotation/steps.py)."""
 
 from temporalio import activity
 
@@ -8,7 +8,7 @@ from durable_memory.activities.errors import classified_errors
 from durable_memory.bootstrap import MemoryStack
 from durable_memory.faults import AFTER_ARCHIVE, crash_point
 from durable_memory.memory.core.errors import DurableMemoryError
-from durable_memory.memory.rotation.rotator import RotationPlan
+from durable_memory.memory.rotation.planner import RotationPlan
 from durable_memory.models.turn import (
     RotationCandidate,
     RotationCommit,
