@@ -1,5 +1,5 @@
-"""Activities of a rotation: plan, archive, commit. The ticket carries only the base sha;
-each step re-derives the plan from it, and each step is idempotent
+"""Activities of a rotation: plan, archive, commit. The ticket carries only the base sha and
+the plan's time; each step re-derives the plan from them, and each step is idempotent
 (see memory/rotation/steps.py)."""
 
 from temporalio import activity
@@ -23,7 +23,11 @@ class RotationActivities:
 
     def _plan(self, ticket: RotationTicket) -> RotationPlan:
         plan = self.stack.rotator.plan(
-            ticket.user_id, ticket.label, force=True, at_sha=ticket.base_sha
+            ticket.user_id,
+            ticket.label,
+            force=True,
+            at_sha=ticket.base_sha,
+            planned_at=ticket.planned_at,
         )
         if plan is None:
             raise DurableMemoryError(f"nothing to rotate in {ticket.label}@{ticket.base_sha}")
@@ -42,6 +46,7 @@ class RotationActivities:
                 strategy=plan.strategy,
                 chars_before=plan.chars_before,
                 chars_after=plan.chars_after,
+                planned_at=plan.planned_at,
             )
 
     @activity.defn(name="dmem.archive_rotation")

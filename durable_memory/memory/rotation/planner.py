@@ -172,11 +172,13 @@ class RotationPlanner:
         *,
         force: bool = False,
         at_sha: str | None = None,
+        planned_at: datetime | None = None,
     ) -> RotationPlan | None:
         """What rotating the block now would do; None if it is under its threshold, empty, or
         already within the compression target. Reads only: nothing changes until `archive_step`
-        and `commit_step`. `at_sha` re-derives the plan of an earlier check (a Temporal
-        activity holds only the sha between steps)."""
+        and `commit_step`. `at_sha` and `planned_at` re-derive the plan of an earlier check (a
+        Temporal activity holds only the ticket between steps): the same text to archive, the
+        same header, the same bound for the walk that finds its commit, whenever a step runs."""
         validate_user_id(user_id)
         block = (
             self.service.read_block_at(user_id, validate_label(label), at_sha)
@@ -192,7 +194,7 @@ class RotationPlanner:
         compressed = self._compressed(strategy, block)
         if compressed == block.fields:
             return None  # already within the target: rotating would archive and change nothing
-        now = self.clock()
+        now = planned_at or self.clock()
         return RotationPlan(
             user_id=user_id,
             label=label,
