@@ -14,11 +14,13 @@ from durable_memory.memory.archive.embedders import Embedder, default_embedder
 from durable_memory.memory.archive.protocol import ArchiveError, ArchiveStore
 from durable_memory.memory.archive.sqlite import SqliteArchive
 from durable_memory.memory.core.profiles import load_profile
-from durable_memory.memory.rotation.rotator import DEFAULT_TARGET_RATIO, ArchiveTaskSink, Rotator
+from durable_memory.memory.rotation.planner import DEFAULT_TARGET_RATIO
+from durable_memory.memory.rotation.steps import Rotator
+from durable_memory.memory.rotation.task_sink import ArchiveTaskSink
 from durable_memory.memory.service import MemoryService
 from durable_memory.memory.store.db import make_engine
 from durable_memory.memory.store.diffs import DiffStore
-from durable_memory.memory.store.git_store import GitBlockStore
+from durable_memory.memory.store.git import GitBlockStore
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.rotation_state import RotationStateStore
 from durable_memory.memory.store.summaries import SummaryStore

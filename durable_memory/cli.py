@@ -22,7 +22,7 @@ from durable_memory.memory.core.errors import DurableMemoryError, UnsafeFile, va
 from durable_memory.memory.core.ids import validate_diff_id, validate_label, validate_user_id
 from durable_memory.memory.core.profiles import load_profile
 from durable_memory.memory.service import MemoryService
-from durable_memory.memory.store.git_store import validate_author_name
+from durable_memory.memory.store.git import validate_author_name
 from durable_memory.models.archive import ArchiveSearch, TagMatch
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.history import Author, AuthorKind

@@ -55,7 +55,7 @@ from durable_memory.memory.core.errors import (
 )
 from durable_memory.memory.core.formats import from_markdown
 from durable_memory.memory.core.ids import validate_diff_id, validate_label, validate_user_id
-from durable_memory.memory.store.git_store import validate_author_name
+from durable_memory.memory.store.git import validate_author_name
 from durable_memory.models.archive import ArchiveSearch, PassageHit
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.history import Author, AuthorKind, CommitInfo

@@ -12,7 +12,7 @@ from durable_memory.memory.core.profiles import load_profile
 from durable_memory.memory.service import MemoryService
 from durable_memory.memory.store.db import make_engine
 from durable_memory.memory.store.diffs import DiffStore
-from durable_memory.memory.store.git_store import GitBlockStore
+from durable_memory.memory.store.git import GitBlockStore
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.workers.dev_server import DEV_SERVER_ARGS, DEV_SERVER_STARTUP, temporal_binary
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES

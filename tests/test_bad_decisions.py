@@ -21,7 +21,7 @@ from durable_memory.client import MemoryClient
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.core.formats import from_markdown
 from durable_memory.memory.core.ids import validate_user_id
-from durable_memory.memory.store.git_store import validate_author_name
+from durable_memory.memory.store.git import validate_author_name
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.turn import MAX_MESSAGE_CHARS, TurnReply
 from tests.support.agent_helpers import edit_block

@@ -13,7 +13,7 @@ from durable_memory.memory.agent.turn_loop import model_summarizer
 from durable_memory.memory.service import MemoryService
 from durable_memory.memory.store.db import make_engine
 from durable_memory.memory.store.diffs import DiffStore
-from durable_memory.memory.store.git_store import GitBlockStore
+from durable_memory.memory.store.git import GitBlockStore
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.models.operations import AddItem

@@ -28,7 +28,8 @@ from durable_memory.memory.core.errors import (
     UnknownUser,
 )
 from durable_memory.memory.service import MemoryService
-from durable_memory.memory.store.git_store import (
+from durable_memory.memory.store.block_repository import BlockRepository
+from durable_memory.memory.store.git import (
     CLOCK_SKEW,
     GitBlockStore,
     Snapshot,
@@ -101,6 +102,21 @@ def test_history_read_at_diff_and_restore(svc: MemoryService) -> None:
     after = svc.history("alice", "student", 10)
     assert [c.sha for c in after[:3]] == [restored, second, first]  # nothing rewritten
     assert after[0].trailers == {"Restored-From": first[:10]}
+
+
+def test_the_git_store_is_the_domains_block_repository(svc: MemoryService) -> None:
+    """The domain sees the store through `BlockRepository` (mypy checks that the git store and
+    its transactions satisfy it): through it, a commit is made and found by its trailer."""
+    repository: BlockRepository = svc.git
+    with repository.transaction("alice") as tx:
+        message = format_message("Mark", "", {"Diff-Id": "d1"})
+        sha = tx.commit({}, message, BACKEND, allow_empty=True)
+        assert tx.head == sha
+        assert tx.find_trailer("Diff-Id", "d1") == sha
+    info = repository.head_info("alice")
+    assert info is not None
+    assert (info.sha, info.trailers) == (sha, {"Diff-Id": "d1"})
+    assert repository.users() == ["alice"]
 
 
 def test_bad_history_arguments_are_clear_errors(svc: MemoryService) -> None:
@@ -457,7 +473,7 @@ def test_stale_git_lock_files_of_a_killed_writer_are_removed(
     repo = svc.git.repo_path("alice")
     history = _git(repo, "rev-list", "HEAD").split()
     (repo / ".git" / lock).write_bytes(b"")  # git was killed holding it
-    with caplog.at_level(logging.WARNING, logger="durable_memory.memory.store.git_store"):
+    with caplog.at_level(logging.WARNING, logger="durable_memory.memory.store.git"):
         sha = svc.edit_block("alice", "student", {"name": "Alice"}, ALICE)
     assert not (repo / ".git" / lock).exists()
     assert f"user 'alice': removed the stale git lock file .git/{lock}" in caplog.text
@@ -483,7 +499,7 @@ def test_a_commit_whose_data_never_reached_the_disk_is_rolled_back(
         )
     )
     restarted = _restarted(svc, data_dir)
-    with caplog.at_level(logging.WARNING, logger="durable_memory.memory.store.git_store"):
+    with caplog.at_level(logging.WARNING, logger="durable_memory.memory.store.git"):
         assert restarted.read_block("alice", "student").fields["name"] == "Alice"
     assert f"user 'alice': reset refs/heads/main to {kept}" in caplog.text
     new = restarted.edit_block("alice", "student", {"name": "Carol"}, ALICE)

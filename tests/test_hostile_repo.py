@@ -343,7 +343,7 @@ def test_unknown_files_in_blocks_are_reported_not_ignored(
     _git(repo, "commit", "-q", "-m", "notes by hand")
     (blocks / "student.toml").write_text('name = "Alice"\n', encoding="utf-8")
     fresh = open_stack(stack.service.git.data_dir, profile="essay_coach")  # nothing cached
-    with caplog.at_level("WARNING", logger="durable_memory.memory.store.git_store"):
+    with caplog.at_level("WARNING", logger="durable_memory.memory.store.git"):
         assert fresh.service.read_block("alice", "student").fields["name"] == "Alice"
     assert "blocks/notes.txt is not a block file (blocks/<label>.toml): not read" in caplog.text
     fresh.close()

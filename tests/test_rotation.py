@@ -1,30 +1,37 @@
 """Rotation: the seed's strategies, the adaptive threshold, and nothing lost across a crash."""
 
 import re
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from temporalio.testing import ActivityEnvironment
 
+from durable_memory.activities.rotation import RotationActivities
+from durable_memory.bootstrap import MemoryStack, open_stack
 from durable_memory.memory.archive.embedders import default_embedder
 from durable_memory.memory.archive.sqlite import SqliteArchive
 from durable_memory.memory.core.profiles import load_profile
-from durable_memory.memory.rotation.rotator import (
+from durable_memory.memory.rotation.planner import archive_header, utc_now
+from durable_memory.memory.rotation.steps import Rotator
+from durable_memory.memory.rotation.strategies import (
     AdaptiveRotation,
     AggressiveRotation,
-    ArchiveTaskSink,
     PreservativeRotation,
-    Rotator,
     line_score,
 )
+from durable_memory.memory.rotation.task_sink import ArchiveTaskSink
 from durable_memory.memory.service import MemoryService
 from durable_memory.memory.store.db import make_engine
 from durable_memory.memory.store.diffs import DiffStore
-from durable_memory.memory.store.git_store import GitBlockStore
+from durable_memory.memory.store.git import CLOCK_SKEW, GitBlockStore
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.rotation_state import RotationStateStore
 from durable_memory.models.archive import ArchiveSearch, PassageSource
 from durable_memory.models.blocks import RotationStrategyName
 from durable_memory.models.history import Author, AuthorKind
+from durable_memory.models.turn import RotationCommit, RotationInput
 
 BACKEND = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
 ALICE = Author(name="alice", kind=AuthorKind.USER)
@@ -286,3 +293,48 @@ def test_nothing_to_compress_is_no_rotation(
     assert rotator.rotate("alice", "human", force=True) is None  # "[STATE] idle" fits already
     assert archive.count("alice") == 0
     assert service.git.head("alice") == head
+
+
+# -- the activities: every step re-derives the plan from the ticket ------------------------
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[MemoryStack]:
+    stack = open_stack(tmp_path / "data", profile="default")
+    stack.service.ensure_user("alice")
+    yield stack
+    stack.close()
+
+
+def test_a_commit_rotation_retried_after_the_clock_moved_returns_its_commit(
+    stack: MemoryStack,
+) -> None:
+    """Regression: the ticket did not carry the plan's time, so a step re-derived it from its
+    own clock. A commit_rotation retried more than CLOCK_SKEW after the plan (its first
+    attempt committed, then the worker died) bounded its trailer walk by the retry's clock,
+    missed that commit, found the block changed since the plan and reported nothing rotated."""
+    _fill_notes(stack.service)
+    env = ActivityEnvironment()
+    activities = RotationActivities(stack)
+    ticket = env.run(activities.plan_rotation, RotationInput(user_id="alice", label="notes"))
+    assert ticket is not None
+    assert ticket.planned_at is not None
+    ids = env.run(activities.archive_rotation, ticket)
+    commit = RotationCommit(ticket=ticket, passage_ids=ids)
+    sha = env.run(activities.commit_rotation, commit)  # ... and the worker dies before reporting
+    assert sha is not None
+
+    later = utc_now() + 2 * CLOCK_SKEW  # the retry runs on a worker whose clock reads later
+    moved = Rotator(stack.service, stack.archive, stack.rotator.states, clock=lambda: later)
+    retrying = RotationActivities(replace(stack, rotator=moved))
+    assert env.run(retrying.archive_rotation, ticket) == ids
+    assert env.run(retrying.commit_rotation, commit) == sha
+    rotations = [c for c in stack.service.history("alice", "notes", 50) if c.author == "rotation"]
+    assert [c.sha for c in rotations] == [sha]  # exactly one rotation commit
+    assert rotations[0].trailers == {
+        "Rotation-Of": f"notes@{ticket.base_sha}",
+        "Strategy": ticket.strategy.value,
+        "Archived-Passages": ",".join(ids),
+    }
+    (passage,) = stack.archive.page("alice")  # exactly one archived copy
+    assert passage.text.startswith(f"{archive_header(ticket.planned_at)}\n")

@@ -13,7 +13,7 @@ from durable_memory.memory.archive.embedders import default_embedder
 from durable_memory.memory.archive.sqlite import SqliteArchive
 from durable_memory.memory.service import MemoryService
 from durable_memory.memory.store.diffs import DiffStore
-from durable_memory.memory.store.git_store import GitBlockStore
+from durable_memory.memory.store.git import GitBlockStore
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.models.diffs import DiffStatus
 from tests.support.agent_helpers import (

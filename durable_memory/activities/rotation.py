@@ -1,6 +1,6 @@
-"""Activities of a rotation: plan, archive, commit. The ticket carries only the base sha;
-each step re-derives the plan from it, and each step is idempotent
-(see memory/rotation/rotator.py)."""
+"""Activities of a rotation: plan, archive, commit. The ticket carries only the base sha and
+the plan's time; each step re-derives the plan from them, and each step is idempotent
+(see memory/rotation/steps.py)."""
 
 from temporalio import activity
 
@@ -8,7 +8,7 @@ from durable_memory.activities.errors import classified_errors
 from durable_memory.bootstrap import MemoryStack
 from durable_memory.faults import AFTER_ARCHIVE, crash_point
 from durable_memory.memory.core.errors import DurableMemoryError
-from durable_memory.memory.rotation.rotator import RotationPlan
+from durable_memory.memory.rotation.planner import RotationPlan
 from durable_memory.models.turn import (
     RotationCandidate,
     RotationCommit,
@@ -23,7 +23,11 @@ class RotationActivities:
 
     def _plan(self, ticket: RotationTicket) -> RotationPlan:
         plan = self.stack.rotator.plan(
-            ticket.user_id, ticket.label, force=True, at_sha=ticket.base_sha
+            ticket.user_id,
+            ticket.label,
+            force=True,
+            at_sha=ticket.base_sha,
+            planned_at=ticket.planned_at,
         )
         if plan is None:
             raise DurableMemoryError(f"nothing to rotate in {ticket.label}@{ticket.base_sha}")
@@ -42,6 +46,7 @@ class RotationActivities:
                 strategy=plan.strategy,
                 chars_before=plan.chars_before,
                 chars_after=plan.chars_after,
+                planned_at=plan.planned_at,
             )
 
     @activity.defn(name="dmem.archive_rotation")

@@ -41,7 +41,7 @@ from durable_memory.memory.core.operations import (
     format_task_archive,
 )
 from durable_memory.memory.store.diffs import DiffStore
-from durable_memory.memory.store.git_store import (
+from durable_memory.memory.store.git import (
     BLOCKS_DIR,
     GitBlockStore,
     RepoTransaction,

@@ -216,7 +216,9 @@ class RotationInput(BaseModel):
 
 
 class RotationTicket(BaseModel):
-    """A planned rotation, by reference: each step re-derives the plan from `base_sha`."""
+    """A planned rotation, by reference: each step re-derives the plan from `base_sha` and
+    `planned_at`, so a retry, whenever it runs, archives and commits what the first attempt
+    did and finds the commit that attempt made."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -226,6 +228,10 @@ class RotationTicket(BaseModel):
     strategy: RotationStrategyName
     chars_before: int
     chars_after: int
+    planned_at: datetime | None = None
+    """When the plan was made: its archive header, and the bound of the walk that finds its
+    commit. None only in a ticket recorded before tickets carried it: its steps take their
+    own clock's time, as they did then."""
 
 
 class RotationCommit(BaseModel):

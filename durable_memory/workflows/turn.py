@@ -36,7 +36,7 @@ with workflow.unsafe.imports_passed_through():
     from durable_memory.activities.turn import TurnActivities
     from durable_memory.memory.agent.turn_loop import step_limit_note
     from durable_memory.memory.core.errors import DurableMemoryError, short_message
-    from durable_memory.memory.store.git_store import validate_author_name
+    from durable_memory.memory.store.git import validate_author_name
     from durable_memory.models.diffs import DiffStatus
     from durable_memory.models.turn import (
         DecisionOutcome,

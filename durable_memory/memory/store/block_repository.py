@@ -1,0 +1,79 @@
+"""What the domain needs from a block repository, whatever keeps it: per-user transactions
+that read blocks at HEAD or at a commit, find the commit that records a decision by its
+trailer, and commit new block files; and reads of history. `GitBlockStore` (store/git/) is the
+local implementation; a remote-backed one satisfies the same two protocols."""
+
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Protocol
+
+from durable_memory.models.history import Author, CommitInfo
+
+
+class BlockTransaction(Protocol):
+    """One user's blocks while their write lock is held: nothing else commits meanwhile."""
+
+    @property
+    def user_id(self) -> str: ...
+
+    @property
+    def head(self) -> str | None:
+        """The newest commit, None before the first one."""
+        ...
+
+    def read(self, label: str, sha: str | None = None) -> str | None:
+        """The block's TOML at commit `sha` (default HEAD), None if it does not exist there."""
+        ...
+
+    def working_copy(self, label: str) -> str | None:
+        """The block's file as a person left it in the working tree, None if absent."""
+        ...
+
+    def working_files(self) -> list[str]:
+        """The names in the working tree's `blocks/` directory."""
+        ...
+
+    def find_trailer(self, key: str, value: str, since: datetime | None = None) -> str | None:
+        """The newest commit with the trailer `key: value`; `since` bounds the walk: a time
+        before the commit can have been made."""
+        ...
+
+    def commit(
+        self,
+        files: Mapping[str, str],
+        message: str,
+        author: Author,
+        *,
+        allow_empty: bool = False,
+        overwrite_hand_edits: bool = False,
+    ) -> str:
+        """Commit `files` (label -> TOML text); the new HEAD (HEAD itself if nothing changed
+        and not `allow_empty`)."""
+        ...
+
+
+class BlockRepository(Protocol):
+    """Every user's blocks and their history."""
+
+    def transaction(
+        self, user_id: str, *, create: bool = False
+    ) -> AbstractContextManager[BlockTransaction]:
+        """Hold the user's write lock (creating the user's memory if `create`)."""
+        ...
+
+    def users(self) -> list[str]: ...
+
+    def head_info(self, user_id: str) -> CommitInfo | None:
+        """The newest commit, None before the first one."""
+        ...
+
+    def history(self, user_id: str, label: str | None, limit: int = 20) -> list[CommitInfo]:
+        """Newest first: the commits that changed the block (every commit when label is None)."""
+        ...
+
+    def read_at(self, user_id: str, label: str, sha: str) -> str: ...
+
+    def diff(self, user_id: str, label: str, a: str, b: str) -> str:
+        """Unified diff of the block's TOML between two commits."""
+        ...

@@ -1,0 +1,104 @@
+"""Writing commits. Every git command that writes runs as a subprocess with settings that make
+it safe on an untrusted repository and durable across a power loss (`SAFE_GIT_CONFIG`), and
+with the user's lock descriptor passed on to it."""
+
+import os
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+import git
+
+from durable_memory.faults import MID_COMMIT, crash_point
+from durable_memory.memory.store.git.journal import clear_journal, write_journal
+from durable_memory.memory.store.git.layout import block_path, open_blocks_dir
+from durable_memory.memory.store.git.messages import author_actor
+from durable_memory.memory.store.git.refs import read_head
+from durable_memory.memory.store.safe_files import write_bytes_at
+from durable_memory.models.history import Author
+
+SAFE_GIT_CONFIG = [
+    # Object files, the index and refs reach the disk before git names them (git >= 2.36):
+    # power lost right after a commit leaves the commit, not an empty object file.
+    "core.fsync=objects,index,reference",
+    "core.fsyncMethod=fsync",
+    # The repository is untrusted input: none of its own settings may run a program.
+    "core.hooksPath=/dev/null",
+    "core.fsmonitor=false",
+    "commit.gpgSign=false",
+    # No `gc --auto` after a commit: it would run (or detach) outside the user's lock.
+    "gc.auto=0",
+    "maintenance.auto=false",
+]
+_COMMITTER = git.Actor("durable-memory", "durable-memory@localhost")
+
+
+def run_git(
+    repo: git.Repo, lock: int, *args: str, stdin: bytes = b"", env: Mapping[str, str] | None = None
+) -> None:
+    """A git command that writes to the repository, run with the user's lock descriptor passed
+    on: if our process is killed, the git child still running keeps the lock until it exits,
+    so the next writer never "recovers" (removes the lock files of) a write still under way."""
+    command = ["git", *(arg for option in SAFE_GIT_CONFIG for arg in ("-c", option)), *args]
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    result = subprocess.run(
+        command,
+        cwd=repo.working_tree_dir,
+        input=stdin,
+        capture_output=True,
+        env={**inherited, **(env or {})},
+        pass_fds=(lock,),
+        check=False,
+    )
+    if result.returncode != 0:
+        raise git.GitCommandError(command, result.returncode, result.stderr)
+
+
+def write_commit(
+    repo: git.Repo,
+    lock: int,
+    users_dir: Path,
+    user_id: str,
+    head: str | None,
+    changed: Mapping[str, str],
+    message: str,
+    author: Author,
+) -> str:
+    """Write the `changed` block files (label -> TOML text) over HEAD `head` and commit them;
+    return the new commit. The caller holds the user's lock and has checked that the working
+    tree and the index hold nothing but HEAD for these files. A journal names the files while
+    they are written, so recovery can put them back if the process dies before the commit."""
+    git_dir = Path(repo.git_dir)
+    write_journal(git_dir, head, list(changed))
+    with open_blocks_dir(users_dir, user_id, create=True) as blocks:
+        for label, text in changed.items():
+            write_bytes_at(blocks, f"{label}.toml", text.encode("utf-8"))
+    # `git add` as a subprocess (cwd passed to it): GitPython's IndexFile.add chdirs the
+    # whole process, which races with threads committing to other users' repositories.
+    run_git(repo, lock, "add", "--", *(block_path(label) for label in changed))
+    crash_point(MID_COMMIT)
+    # `git commit` rather than GitPython's in-process writer: git fsyncs what it writes
+    # (`core.fsync`), so a commit that returned survives a power loss.
+    actor = author_actor(author)
+    identity = {
+        "GIT_AUTHOR_NAME": actor.name or "",
+        "GIT_AUTHOR_EMAIL": actor.email or "",
+        "GIT_COMMITTER_NAME": _COMMITTER.name or "",
+        "GIT_COMMITTER_EMAIL": _COMMITTER.email or "",
+    }
+    run_git(
+        repo,
+        lock,
+        "commit",
+        "--quiet",
+        "--no-verify",
+        "--allow-empty",
+        "--cleanup=verbatim",
+        "--file=-",
+        stdin=message.encode("utf-8"),
+        env=identity,
+    )
+    new = read_head(git_dir)
+    assert new is not None, "git commit returned without a commit"
+    clear_journal(git_dir)
+    return new

@@ -1,0 +1,43 @@
+"""The journal of a write under way (`.git/dmem-journal`): the HEAD it started from and the
+labels it is writing. Written before the first block file, removed after the commit, so a
+journal found by the next writer means the write did not finish (see recovery.py)."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from durable_memory.memory.core.ids import validate_label
+from durable_memory.memory.store.git.refs import FULL_SHA, read_git_file, write_git_file
+
+JOURNAL_FILE = "dmem-journal"
+_JOURNAL_BASE = "base="
+"""The journal's first line: the HEAD a write started from, a known-good commit to go back to."""
+
+
+@dataclass(frozen=True)
+class Journal:
+    base: str | None
+    """The HEAD the write started from; None for a user's first commit (or a torn line)."""
+    labels: list[str]
+    """The blocks whose files the write was changing."""
+
+
+def write_journal(git_dir: Path, head: str | None, labels: list[str]) -> None:
+    base = [f"{_JOURNAL_BASE}{head}"] if head else []
+    write_git_file(git_dir, JOURNAL_FILE, "\n".join([*base, *labels]))
+
+
+def read_journal(git_dir: Path) -> Journal | None:
+    """The journal of an interrupted write, or None if no write was interrupted."""
+    text = read_git_file(git_dir, JOURNAL_FILE)
+    if text is None:
+        return None
+    lines = [line for line in text.split("\n") if line]
+    base = None
+    if lines and lines[0].startswith(_JOURNAL_BASE):
+        base = lines.pop(0).removeprefix(_JOURNAL_BASE)
+        base = base if FULL_SHA.fullmatch(base) else None
+    return Journal(base=base, labels=[validate_label(line) for line in lines])
+
+
+def clear_journal(git_dir: Path) -> None:
+    (git_dir / JOURNAL_FILE).unlink(missing_ok=True)

@@ -1,0 +1,32 @@
+"""Where blocks live in a user's repository: `blocks/<label>.toml`, one file per block."""
+
+import contextlib
+from pathlib import Path
+
+from durable_memory.memory.core.errors import DurableMemoryError
+from durable_memory.memory.core.ids import validate_label
+from durable_memory.memory.store.safe_files import open_dir
+
+BLOCKS_DIR = "blocks"
+
+
+def block_path(label: str) -> str:
+    return f"{BLOCKS_DIR}/{validate_label(label)}.toml"
+
+
+def block_label(name: str) -> str | None:
+    """The label of a file named `<label>.toml`, or None for any other name."""
+    stem = name.removesuffix(".toml")
+    if stem == name:
+        return None
+    try:
+        return validate_label(stem)
+    except DurableMemoryError:
+        return None
+
+
+def open_blocks_dir(
+    users_dir: Path, user_id: str, *, create: bool = False
+) -> contextlib.AbstractContextManager[int]:
+    """The working tree's `blocks/` directory of a user, opened without following symlinks."""
+    return open_dir(users_dir, [user_id, BLOCKS_DIR], "users", create=create)

@@ -1,0 +1,164 @@
+"""`GitBlockStore`: one git repository per user under `<data_dir>/users/`, holding
+`blocks/<label>.toml`; every change is a commit. A transaction holds the user's lock
+(locking.py), repairs what a crash left (recovery.py) and then reads and commits
+(transaction.py). It is the `BlockRepository` (store/block_repository.py) of the domain."""
+
+import contextlib
+import logging
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import git
+
+from durable_memory.memory.core.errors import (
+    DurableMemoryError,
+    UnknownCommit,
+    UnknownUser,
+    UnsafeFile,
+)
+from durable_memory.memory.core.ids import validate_sha, validate_user_id
+from durable_memory.memory.store.git.commits import SAFE_GIT_CONFIG
+from durable_memory.memory.store.git.layout import block_path
+from durable_memory.memory.store.git.locking import user_lock
+from durable_memory.memory.store.git.messages import commit_info
+from durable_memory.memory.store.git.recovery import recover
+from durable_memory.memory.store.git.snapshots import SnapshotCache
+from durable_memory.memory.store.git.transaction import RepoTransaction
+from durable_memory.memory.store.safe_files import kind_of
+from durable_memory.models.history import CommitInfo
+
+log = logging.getLogger(__name__)
+
+
+class GitBlockStore:
+    """The users' repositories under `<data_dir>/users/`."""
+
+    def __init__(self, data_dir: str | Path, cache: SnapshotCache | None = None) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.users_dir = self.data_dir / "users"
+        self.cache = cache or SnapshotCache()
+
+    def repo_path(self, user_id: str) -> Path:
+        # Not resolved: `users/<id>` may be a symlink, which `_is_repository` refuses rather
+        # than follows (the user id pattern already forbids '/', '.' first and '..').
+        return self.users_dir / validate_user_id(user_id)
+
+    def _is_repository(self, user_id: str) -> bool:
+        """Whether `users/<id>` holds a repository; a symlink or a file in place of the user's
+        directory or of its `.git` (a `gitdir:` link elsewhere) is refused, never followed."""
+        path = self.repo_path(user_id)
+        for where, shown in ((path, f"users/{user_id}"), (path / ".git", f"users/{user_id}/.git")):
+            try:
+                mode = where.lstat().st_mode
+            except FileNotFoundError:
+                return False
+            if not stat.S_ISDIR(mode):
+                raise UnsafeFile(
+                    f"{shown} is {kind_of(mode)}, not a directory: refused, nothing was read "
+                    "from it"
+                )
+        return True
+
+    def exists(self, user_id: str) -> bool:
+        return self._is_repository(user_id)
+
+    def users(self) -> list[str]:
+        if not self.users_dir.is_dir():
+            return []
+        found = []
+        for name in sorted(os.listdir(self.users_dir)):
+            if name.startswith("."):  # a repository being created
+                continue
+            try:
+                if self._is_repository(name):
+                    found.append(name)
+            except DurableMemoryError as error:  # an invalid name or an unsafe directory
+                log.warning("skipping users/%s: %s", name, error)
+        return found
+
+    def _create(self, user_id: str) -> None:
+        """`git init` in a directory beside the user's, then rename it into place: no process
+        ever opens a half-initialised repository. Of two creators racing, the second's rename
+        fails (the directory is no longer empty) and it discards its copy."""
+        path = self.repo_path(user_id)
+        self.users_dir.mkdir(parents=True, exist_ok=True)
+        fresh = Path(tempfile.mkdtemp(prefix=f".init-{path.name}-", dir=self.users_dir))
+        try:
+            git.Repo.init(fresh, initial_branch="main").close()
+            try:
+                os.rename(fresh, path)
+            except OSError:
+                if not self._is_repository(user_id):
+                    raise DurableMemoryError(
+                        f"cannot create the memory of user '{path.name}': {path} exists and is "
+                        "not a git repository"
+                    ) from None
+        finally:
+            shutil.rmtree(fresh, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def transaction(self, user_id: str, *, create: bool = False) -> Iterator[RepoTransaction]:
+        """Hold the user's write lock; recover from a write interrupted by a crash."""
+        path = self.repo_path(user_id)
+        if not self._is_repository(user_id):
+            if not create:
+                raise UnknownUser(f"user '{user_id}' has no memory yet")
+            self._create(user_id)
+        with user_lock(self.users_dir, user_id) as lock, git.Repo(path) as repo:
+            repo.git.set_persistent_git_options(c=SAFE_GIT_CONFIG)
+            head = recover(repo, lock, self.users_dir, user_id, self.cache)
+            yield RepoTransaction(
+                repo=repo,
+                lock=lock,
+                user_id=user_id,
+                users_dir=self.users_dir,
+                head=head,
+                cache=self.cache,
+            )
+
+    def head(self, user_id: str) -> str | None:
+        with self.transaction(user_id) as tx:
+            return tx.head
+
+    def head_info(self, user_id: str) -> CommitInfo | None:
+        """The newest commit, read from HEAD (no history walk)."""
+        with self.transaction(user_id) as tx:
+            return tx.head_info()
+
+    def history(self, user_id: str, label: str | None, limit: int = 20) -> list[CommitInfo]:
+        """Newest first: the commits that changed the block (every commit when label is None)."""
+        if limit <= 0:
+            raise DurableMemoryError(f"history limit must be positive, got {limit}")
+        paths = block_path(label) if label is not None else ""
+        with self.transaction(user_id) as tx:
+            if tx.head is None:
+                return []
+            commits = tx.repo.iter_commits("HEAD", paths=paths, max_count=limit)
+            return [commit_info(c) for c in commits]
+
+    def _resolve(self, tx: RepoTransaction, sha: str) -> git.Commit:
+        validate_sha(sha)
+        try:
+            commit = tx.repo.commit(sha)
+        except (git.BadName, ValueError):
+            raise UnknownCommit(f"no commit {sha} in the memory of user '{tx.user_id}'") from None
+        return commit
+
+    def read_at(self, user_id: str, label: str, sha: str) -> str:
+        with self.transaction(user_id) as tx:
+            commit = self._resolve(tx, sha)
+            text = tx.read(label, commit.hexsha)
+            if text is None:
+                raise UnknownCommit(f"block '{label}' does not exist at commit {sha}")
+            return text
+
+    def diff(self, user_id: str, label: str, a: str, b: str) -> str:
+        """Unified diff of the block's TOML between two commits."""
+        with self.transaction(user_id) as tx:
+            first, second = self._resolve(tx, a), self._resolve(tx, b)
+            out: str = tx.repo.git.diff(first.hexsha, second.hexsha, "--", block_path(label))
+            return out

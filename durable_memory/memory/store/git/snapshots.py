@@ -1,0 +1,110 @@
+"""What one commit holds, read from git objects once and cached: a commit never changes, so
+its block files are kept in memory by (user, sha), and a turn that finds HEAD in the cache
+reads no git object at all."""
+
+import logging
+import stat
+import threading
+import zlib
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import git
+
+from durable_memory.memory.core.errors import UnsafeFile
+from durable_memory.memory.store.git.layout import BLOCKS_DIR, block_label
+from durable_memory.memory.store.git.messages import commit_info
+from durable_memory.memory.store.safe_files import MAX_FILE_BYTES, decode_utf8, kind_of
+from durable_memory.models.history import CommitInfo
+
+log = logging.getLogger(__name__)
+
+CACHED_COMMITS = 1024
+"""Commits whose block files the cache keeps: a few KB each, so a few MB in all."""
+UNREADABLE_OBJECT = (ValueError, git.GitError, git.ODBError, zlib.error)
+"""What GitPython raises when an object is missing or corrupt (ValueError: `cat-file` says
+"missing"), as opposed to our own refusals of what a readable object holds."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one commit holds: its block files (label -> TOML text) and who made it.
+
+    `refused` names what under `blocks/` was not read, and why: a symlink or a submodule
+    committed in place of a file, text that is not UTF-8, a file that is not `<label>.toml`."""
+
+    blocks: Mapping[str, str]
+    info: CommitInfo
+    refused: Mapping[str, str] = field(default_factory=dict)
+
+
+class SnapshotCache:
+    """Snapshots by (user, commit sha), least recently used out first; thread-safe."""
+
+    def __init__(self, size: int = CACHED_COMMITS) -> None:
+        self.size = size
+        self._entries: OrderedDict[tuple[str, str], Snapshot] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, user_id: str, sha: str) -> Snapshot | None:
+        with self._lock:
+            found = self._entries.get((user_id, sha))
+            if found is not None:
+                self._entries.move_to_end((user_id, sha))
+            return found
+
+    def put(self, user_id: str, sha: str, snapshot: Snapshot) -> None:
+        with self._lock:
+            self._entries[(user_id, sha)] = snapshot
+            self._entries.move_to_end((user_id, sha))
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+
+
+def _read_tree_blocks(commit: git.Commit) -> tuple[dict[str, str], dict[str, str]]:
+    """The block files of a commit and the entries under `blocks/` that are refused."""
+    blocks: dict[str, str] = {}
+    refused: dict[str, str] = {}
+    try:
+        entry = commit.tree / BLOCKS_DIR
+    except KeyError:
+        return blocks, refused
+    if not isinstance(entry, git.Tree):
+        refused[BLOCKS_DIR] = f"{_entry_kind(entry.mode)}, not a directory"
+        return blocks, refused
+    for item in entry:
+        name = str(item.path).rsplit("/", 1)[-1]  # a submodule has no `name` without a .gitmodules
+        path = f"{BLOCKS_DIR}/{name}"
+        label = block_label(name)
+        if not isinstance(item, git.Blob) or not stat.S_ISREG(item.mode):
+            refused[path] = f"{_entry_kind(item.mode)}, not a regular file"
+        elif label is None:
+            refused[path] = "not a block file (blocks/<label>.toml)"
+        elif item.size > MAX_FILE_BYTES:
+            refused[path] = f"{item.size} bytes, over {MAX_FILE_BYTES}"
+        else:
+            try:
+                blocks[label] = decode_utf8(item.data_stream.read(), path)
+            except UnsafeFile:
+                refused[path] = "not valid UTF-8"
+    return blocks, refused
+
+
+def _entry_kind(mode: int) -> str:
+    if stat.S_IFMT(mode) == 0o160000:  # a gitlink: no file type of the OS has this mode
+        return "a submodule"
+    return kind_of(mode)
+
+
+def load_snapshot(repo: git.Repo, user_id: str, sha: str, cache: SnapshotCache) -> Snapshot:
+    """The snapshot of commit `sha` (a full id), from the cache or else from git's objects."""
+    found = cache.get(user_id, sha)
+    if found is None:
+        commit = repo.commit(sha)
+        blocks, refused = _read_tree_blocks(commit)
+        for path, why in refused.items():
+            log.warning("user '%s': commit %s: %s is %s: not read", user_id, sha[:12], path, why)
+        found = Snapshot(blocks=blocks, info=commit_info(commit), refused=refused)
+        cache.put(user_id, sha, found)
+    return found
