@@ -26,8 +26,15 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, FailureError
 
 from durable_memory.faults import crash_point
+
+# Every module of the domain that defines an error class, so the set of final types is the same
+# in every process, whatever else it imported (a test checks that this list is complete).
 from durable_memory.memory.agent.llm import ModelCallError
+from durable_memory.memory.archive import protocol as _archive_errors  # noqa: F401
+from durable_memory.memory.core import limits as _limit_errors  # noqa: F401
 from durable_memory.memory.core.errors import DurableMemoryError, short_message
+
+DOMAIN_PACKAGE = "durable_memory.memory"
 
 UNKNOWN_ERROR_ATTEMPTS = 3
 """Attempts an unclassified error gets before its failure is made final."""
@@ -58,12 +65,19 @@ def _subclasses(cls: type[DurableMemoryError]) -> Iterator[type[DurableMemoryErr
         yield from _subclasses(subclass)
 
 
+def domain_error_classes() -> list[type[DurableMemoryError]]:
+    """Every error class the domain defines (the errors an activity can raise): not the
+    client's or the CLI's, which a process may or may not have imported."""
+    classes: list[type[DurableMemoryError]] = [DurableMemoryError, *_subclasses(DurableMemoryError)]
+    return [cls for cls in classes if cls.__module__.startswith(DOMAIN_PACKAGE + ".")]
+
+
 def final_error_types() -> list[str]:
     """The failure types (class names, as `to_failure` gives them) of the domain errors that
-    are never retryable: every DurableMemoryError class defined so far that says so as a
-    class. A worker imports its activities, and with them every error they can raise, before
-    its workflows ask. A name that two classes share is left out unless both are final."""
-    classes: list[type[DurableMemoryError]] = [DurableMemoryError, *_subclasses(DurableMemoryError)]
+    are never retryable as a class. The same list in every process: a retry policy is part of
+    the command a workflow issues. A name that two classes share is left out unless both are
+    final."""
+    classes = domain_error_classes()
     final = {c.__name__ for c in classes if not (c.retryable or c.retryable_per_instance)}
     retried = {c.__name__ for c in classes if c.retryable or c.retryable_per_instance}
     return sorted(final - retried)
