@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from durable_memory.config import Settings
-from durable_memory.memory.agent.context import CompiledContext, Summarizer, compile_context
-from durable_memory.memory.agent.tools import MemoryTools, tool_definitions
+from durable_memory.memory.agent.context import CompiledContext, Summarizer
+from durable_memory.memory.agent.steps import ChatModel, TurnSteps, turn_context
+from durable_memory.memory.agent.tools import MemoryTools
 from durable_memory.memory.archive.embedders import Embedder, default_embedder
 from durable_memory.memory.archive.protocol import ArchiveError, ArchiveStore
 from durable_memory.memory.archive.sqlite import SqliteArchive
@@ -24,6 +25,7 @@ from durable_memory.memory.store.git import GitBlockStore
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.rotation_state import RotationStateStore
 from durable_memory.memory.store.summaries import SummaryStore
+from durable_memory.memory.store.turns import TurnStore
 from durable_memory.models.blocks import AgentProfile
 
 
@@ -36,14 +38,12 @@ class MemoryStack:
     tools: MemoryTools
 
     def compile(self, user_id: str, summarizer: Summarizer | None = None) -> CompiledContext:
-        return compile_context(
-            self.service,
-            self.summaries,
-            user_id,
-            tool_definitions(),
-            archival_count=self.archive.count(user_id),
-            summarizer=summarizer,
-        )
+        return turn_context(self.service, self.summaries, self.archive, user_id, summarizer)
+
+    def turn_steps(self, model: ChatModel) -> TurnSteps:
+        """The steps of a turn on this stack, calling `model`."""
+        turns = TurnStore(self.service.diffs.engine)
+        return TurnSteps(self.service, self.summaries, self.archive, self.tools, model, turns)
 
     def close(self) -> None:
         close = getattr(self.archive, "close", None)

@@ -13,7 +13,6 @@ from temporalio.testing import ActivityEnvironment
 from durable_memory.activities.turn import TurnActivities
 from durable_memory.bootstrap import MemoryStack, open_stack
 from durable_memory.memory.agent.llm import AnthropicModel
-from durable_memory.memory.store.turns import TurnStore
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.operations import LearnPreference
 from durable_memory.models.turn import DecisionOutcome, DiffDecision
@@ -30,7 +29,7 @@ def stack(tmp_path: Path) -> Iterator[MemoryStack]:
 @pytest.fixture
 def activities(stack: MemoryStack) -> Iterator[TurnActivities]:
     model = AnthropicModel(base_url="http://127.0.0.1:9")  # never called by `decide`
-    yield TurnActivities(stack, model, TurnStore(stack.service.diffs.engine))
+    yield TurnActivities(stack, stack.turn_steps(model))
     model.close()
 
 

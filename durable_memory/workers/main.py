@@ -13,7 +13,7 @@ from durable_memory.bootstrap import stack_from_settings
 from durable_memory.client import MemoryClient, connect_temporal
 from durable_memory.config import Settings
 from durable_memory.memory.agent.llm import AnthropicModel
-from durable_memory.memory.agent.turn_loop import ChatModel
+from durable_memory.memory.agent.steps import ChatModel
 from durable_memory.scripted_model import ScriptedModelServer, load_script
 from durable_memory.workers.dev_server import start_dev_server
 from durable_memory.workers.worker import run_worker

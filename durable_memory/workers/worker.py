@@ -13,8 +13,7 @@ from durable_memory.activities.rotation import RotationActivities
 from durable_memory.activities.turn import TurnActivities
 from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.config import Settings
-from durable_memory.memory.agent.turn_loop import ChatModel
-from durable_memory.memory.store.turns import TurnStore
+from durable_memory.memory.agent.steps import ChatModel
 from durable_memory.workflows.rotation import RotationSweepWorkflow, RotationWorkflow
 from durable_memory.workflows.turn import TurnWorkflow
 
@@ -23,7 +22,7 @@ ACTIVITY_THREADS = 16
 
 
 def activities_for(stack: MemoryStack, model: ChatModel) -> list[Any]:
-    turns = TurnActivities(stack, model, TurnStore(stack.service.diffs.engine))
+    turns = TurnActivities(stack, stack.turn_steps(model))
     rotation = RotationActivities(stack)
     return [
         turns.prepare_turn,

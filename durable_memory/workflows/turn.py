@@ -34,7 +34,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from durable_memory.activities.turn import TurnActivities
-    from durable_memory.memory.agent.turn_loop import step_limit_note
+    from durable_memory.memory.agent.steps import turn_reply
     from durable_memory.memory.core.errors import DurableMemoryError, short_message
     from durable_memory.memory.store.git import validate_author_name
     from durable_memory.models.diffs import DiffStatus
@@ -146,8 +146,7 @@ class TurnWorkflow:
             summary="describe the proposed diffs",
             **memory,
         )
-        note = step_limit_note(turn.max_steps)
-        reply = (f"{text}\n\n{note}" if text else note) if stopped else text
+        reply = turn_reply(text, stopped, turn.max_steps)
         self._reply = TurnReply(
             user_id=turn.user_id,
             turn_id=turn.turn_id,

@@ -1,19 +1,22 @@
 """Helpers for running turns through the real SDK against the scripted model server."""
 
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
 
 from durable_memory.memory.agent.llm import AnthropicModel
+from durable_memory.memory.agent.steps import TurnSteps, turn_reply
 from durable_memory.memory.agent.tools import MemoryTools
-from durable_memory.memory.agent.turn_loop import TurnResult, run_turn
 from durable_memory.memory.archive.protocol import ArchiveStore
 from durable_memory.memory.core.profiles import parse_profile
 from durable_memory.memory.service import MemoryService
 from durable_memory.memory.store.summaries import SummaryStore
+from durable_memory.memory.store.turns import TurnStore
 from durable_memory.models.blocks import AgentProfile
+from durable_memory.models.turn import FinishInput, StepInput, TurnInput
 from durable_memory.scripted_model import ScriptedModelServer
 
 TEST_PROFILE = """
@@ -81,6 +84,39 @@ def tool_use(name: str, **arguments: Any) -> dict[str, Any]:
     return {"type": "tool_use", "name": name, "input": arguments}
 
 
+@dataclass(frozen=True)
+class TurnResult:
+    reply: str
+    diff_ids: list[str]
+    steps: int
+    stopped_at_step_limit: bool
+
+
+def run_turn_steps(steps: TurnSteps, turn: TurnInput) -> TurnResult:
+    """A turn without Temporal: the steps in the order TurnWorkflow runs them as activities."""
+    steps.prepare(turn)
+    diff_ids: list[str] = []
+    text, stopped, step = "", True, 0
+    for step in range(1, turn.max_steps + 1):
+        where = StepInput(user_id=turn.user_id, turn_id=turn.turn_id, step=step)
+        result = steps.call_model(where)
+        text = result.text
+        if result.tool_calls == 0:
+            stopped = False
+            break
+        diff_ids.extend(steps.run_tools(where).diff_ids)
+    steps.finish(
+        FinishInput(
+            user_id=turn.user_id,
+            turn_id=turn.turn_id,
+            diff_ids=diff_ids,
+            stopped_at_step_limit=stopped,
+            max_steps=turn.max_steps,
+        )
+    )
+    return TurnResult(turn_reply(text, stopped, turn.max_steps), diff_ids, step, stopped)
+
+
 def run_scripted_turn(
     service: MemoryService,
     engine: Engine,
@@ -95,16 +131,16 @@ def run_scripted_turn(
     with ScriptedModelServer(script) as server:
         model = AnthropicModel(base_url=server.url)
         try:
-            result = run_turn(
+            steps = TurnSteps(
                 service,
                 SummaryStore(engine),
-                model,
+                archive,
                 MemoryTools(service, archive),
-                user_id,
-                turn_id,
-                message,
-                max_steps=max_steps,
+                model,
+                TurnStore(engine),
             )
+            turn = TurnInput(user_id=user_id, turn_id=turn_id, message=message, max_steps=max_steps)
+            result = run_turn_steps(steps, turn)
         finally:
             model.close()
         return result, server.requests

@@ -1,0 +1,323 @@
+"""One conversation turn, step by step: `TurnSteps` owns every step, and nothing else does.
+
+A turn is: `prepare` (record the user's message, compile and store the context), then up to
+`max_steps` times `call_model` and, while the model asks for tools, `run_tools`; then `finish`
+(note a step-limit stop, describe the proposed diffs). The Temporal workflow runs each step as
+an activity (activities/turn.py only adapts them); the tests call them in the same order
+without Temporal (tests/support/agent_helpers.py).
+
+Every step is idempotent, so a retry after a crash lands where the first attempt did: the
+context and each model reply are stored (store/turns.py) and reused, a tool call proposes the
+diff it proposed before, and recall rows sit at positions fixed by the step (`TurnPositions`).
+"""
+
+import json
+from collections.abc import Sequence
+from typing import Final, Protocol
+
+from durable_memory.faults import AFTER_MODEL_CALL, crash_point
+from durable_memory.memory.agent.context import (
+    CompiledContext,
+    Summarizer,
+    compile_context,
+    to_chat_messages,
+)
+from durable_memory.memory.agent.tools import MemoryTools, check_input_size, tool_definitions
+from durable_memory.memory.archive.protocol import ArchiveStore
+from durable_memory.memory.core.errors import DurableMemoryError
+from durable_memory.memory.core.limits import LimitExceeded, cut_text
+from durable_memory.memory.service import MemoryService
+from durable_memory.memory.store.summaries import SummaryStore
+from durable_memory.memory.store.turns import TurnStore
+from durable_memory.models.blocks import ModelSettings
+from durable_memory.models.diffs import DiffStatus
+from durable_memory.models.limits import MAX_REPLY_TEXT_CHARS
+from durable_memory.models.llm import ChatMessage, ModelReply, TextBlock, ToolResultBlock
+from durable_memory.models.recall import MessageRole, NewMessage, RecallMessage
+from durable_memory.models.turn import (
+    FinishedTurn,
+    FinishInput,
+    ModelStepResult,
+    PreparedTurn,
+    ProposedDiff,
+    StepInput,
+    SupersededDiff,
+    ToolStepResult,
+    TurnInput,
+)
+
+SUMMARY_SYSTEM = (
+    "You summarise conversations for an assistant's memory. Write a compact summary of the "
+    "conversation below (and of the earlier summary, if given): who said what that matters, "
+    "decisions, open questions, facts about the user. Plain prose, no preamble. Each line of "
+    'the conversation is `role: "content"`, the content a JSON string written by that role.'
+)
+DETAILS_LIMIT = 8000
+"""Characters of diff previews shown as a workflow's current details in the UI."""
+
+
+class TurnPositions:
+    """Where a turn's messages sit in recall: their `seq` within the turn. Positions are fixed
+    by the step, not counted from what is stored, so a retried step writes the same rows again
+    and recall keeps the first ones. Positions of rows already stored in histories and
+    databases: never renumber."""
+
+    USER: Final = 0
+    """The user's message."""
+    STEP_STRIDE: Final = 1000
+    """Step s's model reply (its text, then its tool calls) is stored from s * STEP_STRIDE."""
+    RESULT_OFFSET: Final = 500
+    """... and the results of its tool calls from s * STEP_STRIDE + RESULT_OFFSET (a reply's
+    messages stay below it while it makes at most 499 tool calls)."""
+    STEP_LIMIT_NOTE: Final = 999_000
+    """The note saying the turn stopped at its step limit (above every step: at most 50)."""
+
+    FIRST_STEP: Final = STEP_STRIDE
+    """Where the steps' messages start: what a model call adds to the compiled context."""
+
+    @staticmethod
+    def reply_seq(step: int) -> int:
+        return step * TurnPositions.STEP_STRIDE
+
+    @staticmethod
+    def results_seq(step: int) -> int:
+        return step * TurnPositions.STEP_STRIDE + TurnPositions.RESULT_OFFSET
+
+
+class ChatModel(Protocol):
+    def create(
+        self,
+        settings: ModelSettings,
+        system: str,
+        messages: list[ChatMessage],
+        tools: list[dict[str, object]],
+    ) -> ModelReply: ...
+
+
+def step_limit_note(max_steps: int) -> str:
+    return (
+        f"[stopped after {max_steps} model steps without finishing; the turn ends here and "
+        "nothing more was done]"
+    )
+
+
+def turn_reply(last_text: str, stopped_at_step_limit: bool, max_steps: int) -> str:
+    """What the user is told: the last reply's text, and the step-limit note if the turn
+    stopped there."""
+    if not stopped_at_step_limit:
+        return last_text
+    note = step_limit_note(max_steps)
+    return f"{last_text}\n\n{note}" if last_text else note
+
+
+def reply_text(reply: ModelReply) -> str:
+    """The reply's text as recall keeps it and the turn's reply carries it (bounded)."""
+    return cut_text(reply.text, MAX_REPLY_TEXT_CHARS)
+
+
+def recorded_input(name: str, arguments: dict[str, object]) -> str:
+    """A tool call's input as recall keeps it: its JSON, or, for an input the tools refuse as
+    too large, a small stand-in saying so (the call is answered with that error; storing the
+    whole input would only make the recall write fail and the step retry)."""
+    try:
+        check_input_size(name, arguments)
+    except LimitExceeded as error:
+        return json.dumps({"refused_input": str(error)}, ensure_ascii=False)
+    return json.dumps(arguments, ensure_ascii=False, sort_keys=True)
+
+
+def reply_messages(reply: ModelReply) -> list[NewMessage]:
+    """What a model reply adds to recall: its text, then each tool call."""
+    text = reply_text(reply)
+    out = [NewMessage(role=MessageRole.ASSISTANT, content=text)] if text else []
+    out.extend(
+        NewMessage(
+            role=MessageRole.TOOL_CALL,
+            content=recorded_input(use.name, use.input),
+            tool_name=use.name,
+            tool_call_id=use.id,
+        )
+        for use in reply.tool_uses
+    )
+    return out
+
+
+def result_messages(results: Sequence[ToolResultBlock]) -> list[NewMessage]:
+    return [
+        NewMessage(
+            role=MessageRole.TOOL_RESULT,
+            content=r.content,
+            tool_call_id=r.tool_use_id,
+            is_error=r.is_error,
+        )
+        for r in results
+    ]
+
+
+def model_summarizer(model: ChatModel, settings: ModelSettings) -> Summarizer:
+    def summarize(messages: Sequence[RecallMessage], previous: str | None) -> str:
+        # Each content as a JSON string: a message cannot end its line and forge another speaker.
+        transcript = "\n".join(
+            f"{m.role.value}: {json.dumps(m.content, ensure_ascii=False)}" for m in messages
+        )
+        earlier = f"Earlier summary:\n{previous}\n\n" if previous else ""
+        prompt = f"{earlier}Conversation:\n{transcript}"
+        reply = model.create(
+            settings,
+            SUMMARY_SYSTEM,
+            [ChatMessage(role="user", content=[TextBlock(text=prompt)])],
+            [],
+        )
+        return reply_text(reply).strip() or "(the model returned an empty summary)"
+
+    return summarize
+
+
+def turn_context(
+    service: MemoryService,
+    summaries: SummaryStore,
+    archive: ArchiveStore | None,
+    user_id: str,
+    summarizer: Summarizer | None = None,
+) -> CompiledContext:
+    """The context a turn starts from: memory, recall and every tool (also what `dmem context`
+    shows). With a summarizer, an overflowing context is summarised first."""
+    return compile_context(
+        service,
+        summaries,
+        user_id,
+        tool_definitions(),
+        archival_count=archive.count(user_id) if archive is not None else 0,
+        summarizer=summarizer,
+    )
+
+
+class TurnSteps:
+    """Every step of a turn, each idempotent (see the module doc)."""
+
+    def __init__(
+        self,
+        service: MemoryService,
+        summaries: SummaryStore,
+        archive: ArchiveStore | None,
+        tools: MemoryTools,
+        model: ChatModel,
+        turns: TurnStore,
+    ) -> None:
+        self.service = service
+        self.summaries = summaries
+        self.archive = archive
+        self.tools = tools
+        self.model = model
+        self.turns = turns
+
+    def prepare(self, turn: TurnInput) -> PreparedTurn:
+        """Record the user's message and compile the context (summarising on overflow)."""
+        service = self.service
+        service.ensure_user(turn.user_id)
+        # An approval recorded but not committed when a process died is finished first,
+        # so no diff stays approved without its commit once the user is back.
+        service.finish_approvals(turn.user_id)
+        service.recall.append(
+            turn.user_id,
+            turn.turn_id,
+            [NewMessage(role=MessageRole.USER, content=turn.message)],
+            first_seq=TurnPositions.USER,
+        )
+        context = turn_context(
+            service,
+            self.summaries,
+            self.archive,
+            turn.user_id,
+            summarizer=model_summarizer(self.model, service.profile.model),
+        )
+        context = self.turns.save_context(turn.user_id, turn.turn_id, context)
+        return PreparedTurn(
+            total_tokens=context.overview.total_tokens,
+            share_used=context.overview.share_used,
+        )
+
+    def call_model(self, step: StepInput) -> ModelStepResult:
+        """One model call; its reply is stored, so a retry does not call the model again."""
+        reply = self.turns.reply(step.user_id, step.turn_id, step.step)
+        if reply is None:
+            context = self.turns.context(step.user_id, step.turn_id)
+            earlier = self.service.recall.turn(step.user_id, step.turn_id, TurnPositions.FIRST_STEP)
+            messages = context.messages + to_chat_messages(earlier, start_with_user=False)
+            settings = self.service.profile.model
+            reply = self.model.create(settings, context.system, messages, context.tools)
+            reply = self.turns.save_reply(step.user_id, step.turn_id, step.step, reply)
+            crash_point(AFTER_MODEL_CALL)
+        self.service.recall.append(
+            step.user_id,
+            step.turn_id,
+            reply_messages(reply),
+            first_seq=TurnPositions.reply_seq(step.step),
+        )
+        return ModelStepResult(
+            text=reply_text(reply),
+            tool_calls=len(reply.tool_uses),
+            stop_reason=reply.stop_reason,
+        )
+
+    def run_tools(self, step: StepInput) -> ToolStepResult:
+        """Execute the tool calls of a step's reply; edits become pending diffs."""
+        reply = self.turns.reply(step.user_id, step.turn_id, step.step)
+        if reply is None:
+            raise DurableMemoryError(f"turn {step.turn_id} step {step.step} has no reply")
+        results, diff_ids = [], []
+        for use in reply.tool_uses:
+            outcome = self.tools.execute(
+                step.user_id, step.turn_id, use.name, use.input, call_id=use.id
+            )
+            results.append(
+                ToolResultBlock(
+                    tool_use_id=use.id, content=outcome.content, is_error=outcome.is_error
+                )
+            )
+            if outcome.diff_id:
+                diff_ids.append(outcome.diff_id)
+        self.service.recall.append(
+            step.user_id,
+            step.turn_id,
+            result_messages(results),
+            first_seq=TurnPositions.results_seq(step.step),
+        )
+        superseded = [
+            SupersededDiff(
+                diff_id=d.id,
+                turn_id=(
+                    d.proposed_by.removeprefix("turn:")
+                    if d.proposed_by.startswith("turn:")
+                    else None
+                ),
+            )
+            for d in self.service.diffs.superseded_by(step.user_id, diff_ids)
+        ]
+        return ToolStepResult(diff_ids=diff_ids, superseded=superseded)
+
+    def finish(self, finish: FinishInput) -> FinishedTurn:
+        """Note a step-limit stop in recall; describe the proposed diffs for the reply and UI."""
+        service = self.service
+        if finish.stopped_at_step_limit:
+            note = NewMessage(role=MessageRole.ASSISTANT, content=step_limit_note(finish.max_steps))
+            service.recall.append(
+                finish.user_id, finish.turn_id, [note], first_seq=TurnPositions.STEP_LIMIT_NOTE
+            )
+        diffs = [service.diffs.get(d, finish.user_id) for d in finish.diff_ids]
+        lines = ["### Proposed memory edits", ""]
+        for diff in diffs:
+            lines.append(f"- `{diff.id}` **{diff.summary}** ({diff.status.value})")
+            if diff.status is DiffStatus.PENDING:
+                lines.append(f"  > {diff.reasoning}" if diff.reasoning else "")
+                lines.append("```diff\n" + service.preview(diff.id, finish.user_id) + "```")
+        details = "\n".join(lines)
+        if len(details) > DETAILS_LIMIT:
+            details = details[:DETAILS_LIMIT] + "\n\n(truncated; `dmem diffs USER` shows all)"
+        return FinishedTurn(
+            diffs=[
+                ProposedDiff(id=d.id, label=d.label, summary=d.summary, status=d.status)
+                for d in diffs
+            ],
+            details_markdown=details,
+        )
