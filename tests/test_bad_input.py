@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from durable_memory.bootstrap import MemoryStack, open_stack
 from durable_memory.cli import main
-from durable_memory.memory.agent.tools import TOOL_DOCS
+from durable_memory.memory.agent.tool_specs import TOOL_DOCS
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.core.formats import from_markdown
 from durable_memory.memory.core.ids import validate_user_id

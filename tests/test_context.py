@@ -9,7 +9,7 @@ from sqlalchemy import Engine
 from durable_memory.memory.agent.context import compile_context, to_chat_messages
 from durable_memory.memory.agent.llm import AnthropicModel
 from durable_memory.memory.agent.steps import model_summarizer
-from durable_memory.memory.agent.tools import tool_definitions
+from durable_memory.memory.agent.tool_specs import tool_definitions
 from durable_memory.memory.service import MemoryService
 from durable_memory.memory.store.db import make_engine
 from durable_memory.memory.store.diffs import DiffStore

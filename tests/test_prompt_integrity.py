@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine
 
 from durable_memory.memory.agent.context import compile_context
-from durable_memory.memory.agent.tools import MemoryTools, tool_definitions
+from durable_memory.memory.agent.tool_specs import tool_definitions
+from durable_memory.memory.agent.tools import MemoryTools
 from durable_memory.memory.archive.embedders import default_embedder
 from durable_memory.memory.archive.sqlite import SqliteArchive
 from durable_memory.memory.core.blocks import render_value, validate_fields

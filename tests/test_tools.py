@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from durable_memory.memory.agent.tools import tool_definitions
+from durable_memory.memory.agent.tool_specs import tool_definitions
 from durable_memory.memory.archive.embedders import default_embedder
 from durable_memory.memory.archive.sqlite import SqliteArchive
 from durable_memory.memory.service import MemoryService

@@ -1,6 +1,8 @@
 """Helpers for running turns through the real SDK against the scripted model server."""
 
+import contextlib
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,6 +119,24 @@ def run_turn_steps(steps: TurnSteps, turn: TurnInput) -> TurnResult:
     return TurnResult(turn_reply(text, stopped, turn.max_steps), diff_ids, step, stopped)
 
 
+@contextlib.contextmanager
+def scripted_steps(
+    service: MemoryService,
+    engine: Engine,
+    script: list[dict[str, Any]],
+    archive: ArchiveStore | None = None,
+) -> Iterator[tuple[TurnSteps, ScriptedModelServer]]:
+    """A turn's steps on `service`, calling the real SDK against a server playing `script`."""
+    with ScriptedModelServer(script) as server:
+        model = AnthropicModel(base_url=server.url)
+        try:
+            tools = MemoryTools(service, archive)
+            summaries, turns = SummaryStore(engine), TurnStore(engine)
+            yield TurnSteps(service, summaries, archive, tools, model, turns), server
+        finally:
+            model.close()
+
+
 def run_scripted_turn(
     service: MemoryService,
     engine: Engine,
@@ -128,22 +148,9 @@ def run_scripted_turn(
     archive: ArchiveStore | None = None,
     max_steps: int = 8,
 ) -> tuple[TurnResult, list[dict[str, Any]]]:
-    with ScriptedModelServer(script) as server:
-        model = AnthropicModel(base_url=server.url)
-        try:
-            steps = TurnSteps(
-                service,
-                SummaryStore(engine),
-                archive,
-                MemoryTools(service, archive),
-                model,
-                TurnStore(engine),
-            )
-            turn = TurnInput(user_id=user_id, turn_id=turn_id, message=message, max_steps=max_steps)
-            result = run_turn_steps(steps, turn)
-        finally:
-            model.close()
-        return result, server.requests
+    with scripted_steps(service, engine, script, archive) as (steps, server):
+        turn = TurnInput(user_id=user_id, turn_id=turn_id, message=message, max_steps=max_steps)
+        return run_turn_steps(steps, turn), server.requests
 
 
 def tool_results(request: dict[str, Any]) -> list[dict[str, Any]]:

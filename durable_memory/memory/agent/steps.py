@@ -22,7 +22,8 @@ from durable_memory.memory.agent.context import (
     compile_context,
     to_chat_messages,
 )
-from durable_memory.memory.agent.tools import MemoryTools, check_input_size, tool_definitions
+from durable_memory.memory.agent.tool_specs import check_input_size, tool_definitions
+from durable_memory.memory.agent.tools import MemoryTools
 from durable_memory.memory.archive.protocol import ArchiveStore
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.core.limits import LimitExceeded, cut_text
@@ -59,8 +60,7 @@ DETAILS_LIMIT = 8000
 class TurnPositions:
     """Where a turn's messages sit in recall: their `seq` within the turn. Positions are fixed
     by the step, not counted from what is stored, so a retried step writes the same rows again
-    and recall keeps the first ones. Positions of rows already stored in histories and
-    databases: never renumber."""
+    and recall keeps the first ones. Stored turns carry these positions: never renumber."""
 
     USER: Final = 0
     """The user's message."""
