@@ -9,6 +9,10 @@ without Temporal (tests/support/agent_helpers.py).
 Every step is idempotent, so a retry after a crash lands where the first attempt did: the
 context and each model reply are stored (store/turns.py) and reused, a tool call proposes the
 diff it proposed before, and recall rows sit at positions fixed by the step (`TurnPositions`).
+
+One module (over 300 lines) because the steps share these rules: the positions, the form a
+reply and a tool call take in recall, the stored replies; apart, a rule would drift from the
+steps that rely on it.
 """
 
 import json
