@@ -18,7 +18,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from durable_memory.memory.agent.turn_loop import step_limit_note
+from durable_memory.memory.agent.steps import step_limit_note
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.turn import (
     DecisionOutcome,
