@@ -9,9 +9,12 @@ step, and the turn never answered."""
 from pathlib import Path
 from typing import Any
 
+import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from durable_memory.models.limits import MAX_REPLY_TEXT_CHARS
+from durable_memory.client import TurnFailed
+from durable_memory.memory.agent.steps import TurnPositions
+from durable_memory.models.limits import MAX_REPLY_TEXT_CHARS, MAX_TOOL_CALLS_PER_REPLY
 from durable_memory.models.recall import MessageRole
 from tests.support.snapshots import snapshot
 from tests.support.temporal_helpers import rig_settings, running_rig, turn_outcome
@@ -73,3 +76,27 @@ async def test_a_tool_call_over_every_limit_gets_a_tool_error(
         assert outcome.reply == "sorry, that was too long"
         again = await rig.client.send_message("alice", "ok?", turn_id="t2")
         assert again.reply == "fine"
+
+
+async def test_a_reply_with_more_tool_calls_than_recall_holds_fails_its_step(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """A reply's tool calls and their results have fixed places in recall; one asking for more
+    would write results over the next step's rows. The step fails with one clear error, nothing
+    of the reply is stored, no retry pays for the call again, and the next turn is whole."""
+    assert MAX_TOOL_CALLS_PER_REPLY < TurnPositions.RESULT_OFFSET
+    call = {"type": "tool_use", "name": "conversation_search", "input": {"query": "x"}}
+    flood = {"content": [call] * (MAX_TOOL_CALLS_PER_REPLY + 1)}
+    script: list[dict[str, Any]] = [flood, {"text": "fine"}]
+    async with running_rig(temporal_env.client, rig_settings(tmp_path / "data"), script) as rig:
+        rig.stack.service.ensure_user("alice")
+        before = snapshot(rig.stack)["repos"]
+        with pytest.raises(TurnFailed, match="tool calls in one reply") as failed:
+            await rig.client.send_message("alice", "search a lot", turn_id="t1")
+        assert "call_model" in str(failed.value)
+        stored = rig.stack.service.recall.turn("alice", "t1", 0)
+        assert [m.role for m in stored] == [MessageRole.USER]
+        assert len(rig.model_server.requests) == 1
+        again = await rig.client.send_message("alice", "and now?", turn_id="t2")
+        assert again.reply == "fine"
+        assert snapshot(rig.stack)["repos"] == before

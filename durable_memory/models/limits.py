@@ -31,6 +31,10 @@ tokens, is about this long. Longer text (only a misbehaving server sends it) is 
 MAX_RECALL_MESSAGE_CHARS = 1_000_000
 """One message in recall. Everything we store is bounded below it by the limits above."""
 
+MAX_TOOL_CALLS_PER_REPLY = 100
+"""Tool calls one model reply may make. A reply's calls and their results have fixed places in
+recall (memory/agent/steps.py TurnPositions: up to 499 each); a reply asking for more fails
+its step with one clear error before anything of it is stored."""
 MAX_TOOL_RESULT_CHARS = 20_000
 """The content of one tool result: what the model reads, recall stores and a workflow
 payload carries. Longer results are cut, saying so."""

@@ -36,7 +36,7 @@ from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.memory.store.turns import TurnStore
 from durable_memory.models.blocks import ModelSettings
 from durable_memory.models.diffs import DiffStatus
-from durable_memory.models.limits import MAX_REPLY_TEXT_CHARS
+from durable_memory.models.limits import MAX_REPLY_TEXT_CHARS, MAX_TOOL_CALLS_PER_REPLY
 from durable_memory.models.llm import ChatMessage, ModelReply, TextBlock, ToolResultBlock
 from durable_memory.models.recall import MessageRole, NewMessage, RecallMessage
 from durable_memory.models.turn import (
@@ -61,6 +61,20 @@ DETAILS_LIMIT = 8000
 """Characters of diff previews shown as a workflow's current details in the UI."""
 
 
+def check_tool_calls(reply: ModelReply) -> None:
+    """Refuse a reply with more tool calls than its place in recall holds (a misbehaving model
+    server): the turn fails at this step, nothing of the reply stored, rather than results
+    overwriting the next step's messages."""
+    if len(reply.tool_uses) > MAX_TOOL_CALLS_PER_REPLY:
+        raise LimitExceeded(
+            "the model's tool calls in one reply",
+            len(reply.tool_uses),
+            MAX_TOOL_CALLS_PER_REPLY,
+            "ask for fewer tools at a time",
+            unit="calls",
+        )
+
+
 class TurnPositions:
     """Where a turn's messages sit in recall: their `seq` within the turn. Positions are fixed
     by the step, not counted from what is stored, so a retried step writes the same rows again
@@ -72,7 +86,7 @@ class TurnPositions:
     """Step s's model reply (its text, then its tool calls) is stored from s * STEP_STRIDE."""
     RESULT_OFFSET: Final = 500
     """... and the results of its tool calls from s * STEP_STRIDE + RESULT_OFFSET (a reply's
-    messages stay below it while it makes at most 499 tool calls)."""
+    messages stay below it: a reply makes at most MAX_TOOL_CALLS_PER_REPLY tool calls)."""
     STEP_LIMIT_NOTE: Final = 999_000
     """The note saying the turn stopped at its step limit (above every step: at most 50)."""
 
@@ -250,6 +264,7 @@ class TurnSteps:
             messages = context.messages + to_chat_messages(earlier, start_with_user=False)
             settings = self.service.profile.model
             reply = self.model.create(settings, context.system, messages, context.tools)
+            check_tool_calls(reply)
             reply = self.turns.save_reply(step.user_id, step.turn_id, step.step, reply)
             crash_point(AFTER_MODEL_CALL)
         self.service.recall.append(
