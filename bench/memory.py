@@ -170,7 +170,7 @@ import temporalio.client, temporalio.worker
 steps["temporalio"] = rss()
 from durable_memory.workers import worker
 steps["our modules (anthropic, numpy, sqlalchemy, GitPython...)"] = rss()
-from durable_memory.memory.agent.tokens import count_tokens
+from durable_memory.memory.core.tokens import count_tokens
 count_tokens("x")
 steps["tokenizer (cl100k)"] = rss()
 from durable_memory.memory.archive.embedders import default_embedder

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from durable_memory.config import Settings
-from durable_memory.memory.agent.context import CompiledContext, Summarizer
+from durable_memory.memory.agent.context import Summarizer
 from durable_memory.memory.agent.steps import ChatModel, TurnSteps, turn_context
 from durable_memory.memory.agent.tools import MemoryTools
 from durable_memory.memory.archive.embedders import Embedder, default_embedder
@@ -27,6 +27,7 @@ from durable_memory.memory.store.rotation_state import RotationStateStore
 from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.memory.store.turns import TurnStore
 from durable_memory.models.blocks import AgentProfile
+from durable_memory.models.context import CompiledContext
 
 
 @dataclass

@@ -45,7 +45,6 @@ from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.config import Settings, load_settings
-from durable_memory.memory.agent.context import ContextWindowOverview
 from durable_memory.memory.core.errors import (
     DecisionRefused,
     DiffAlreadyDecided,
@@ -57,6 +56,7 @@ from durable_memory.memory.core.formats import from_markdown
 from durable_memory.memory.core.ids import validate_diff_id, validate_label, validate_user_id
 from durable_memory.memory.store.git import validate_author_name
 from durable_memory.models.archive import ArchiveSearch, PassageHit
+from durable_memory.models.context import ContextWindowOverview
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.history import Author, AuthorKind, CommitInfo
 from durable_memory.models.turn import (

@@ -6,9 +6,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from durable_memory.memory.core.errors import DurableMemoryError
+from durable_memory.models.activity_settings import SETTINGS_FILE_CONTEXT, ActivitiesSettings
 
 
 class ConfigError(DurableMemoryError):
@@ -52,51 +53,6 @@ def load_config_file(path: Path | None = None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: the top level must be a mapping")
     return data
-
-
-DEFAULT_MAXIMUM_ATTEMPTS = 10
-"""With the default backoff (1 s doubling to 60 s): about four minutes of retrying at most."""
-_FROM_FILE = "settings from a file"
-"""Validation context of load_settings: values a person wrote, not payloads of old workflows."""
-
-
-class RetrySettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    initial_interval_s: float = Field(default=1.0, gt=0)
-    backoff: float = Field(default=2.0, ge=1.0)
-    maximum_interval_s: float = Field(default=60.0, gt=0)
-    maximum_attempts: int = Field(default=DEFAULT_MAXIMUM_ATTEMPTS, ge=1)
-    """Attempts in all, the first included. Always finite: no retry may run forever."""
-
-    @field_validator("maximum_attempts", mode="before")
-    @classmethod
-    def _bounded(cls, value: Any, info: ValidationInfo) -> Any:
-        """0 meant "retry forever" before every retry was bounded. Workflows started then
-        carry it in their input: they get the default cap. A config file is refused."""
-        if value == 0 and not (info.context or {}).get(_FROM_FILE):
-            return DEFAULT_MAXIMUM_ATTEMPTS
-        return value
-
-
-class ActivitySettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    start_to_close_s: float = Field(gt=0)
-    retry: RetrySettings = RetrySettings()
-
-
-def _activity(start_to_close_s: float, **retry: float) -> ActivitySettings:
-    return ActivitySettings(start_to_close_s=start_to_close_s, retry=RetrySettings(**retry))
-
-
-class ActivitiesSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model_call: ActivitySettings = _activity(120)
-    memory: ActivitySettings = _activity(30)
-    commit: ActivitySettings = _activity(60)
-    archive: ActivitySettings = _activity(300)
 
 
 class TemporalSettings(BaseModel):
@@ -169,7 +125,7 @@ def load_settings(path: Path | None = None) -> Settings:
                 raise ConfigError(f"{section}: must be a mapping")
             part[key] = os.environ[env]
     try:
-        return Settings.model_validate(raw, context={_FROM_FILE: True})
+        return Settings.model_validate(raw, context={SETTINGS_FILE_CONTEXT: True})
     except ValidationError as error:
         first = error.errors()[0]
         key = ".".join(str(p) for p in first["loc"])

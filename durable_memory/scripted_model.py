@@ -27,8 +27,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from durable_memory.memory.agent.tokens import count_tokens
 from durable_memory.memory.core.errors import DurableMemoryError
+from durable_memory.memory.core.tokens import count_tokens
 
 SCRIPTED_PREFIX = "scripted:"
 

@@ -40,19 +40,18 @@ from durable_memory.activities.errors import (
     to_failure,
 )
 from durable_memory.bootstrap import MemoryStack
-from durable_memory.config import (
-    ActivitiesSettings,
-    ActivitySettings,
-    ConfigError,
-    RetrySettings,
-    load_settings,
-)
+from durable_memory.config import ConfigError, load_settings
 from durable_memory.memory.agent.llm import ModelCallError
 from durable_memory.memory.core.errors import (
     FAILURE_MESSAGE_BYTES,
     DurableMemoryError,
     UnknownDiff,
     short_message,
+)
+from durable_memory.models.activity_settings import (
+    ActivitiesSettings,
+    ActivitySettings,
+    RetrySettings,
 )
 from durable_memory.models.recall import MessageRole, NewMessage
 from durable_memory.models.turn import TurnInput, turn_workflow_id

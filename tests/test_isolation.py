@@ -10,11 +10,11 @@ import pytest
 from sqlalchemy import Engine, inspect, text
 from temporalio.testing import WorkflowEnvironment
 
-from durable_memory.memory.agent.context import CompiledContext, ContextWindowOverview
 from durable_memory.memory.core.errors import UnknownDiff
 from durable_memory.memory.service import MemoryService
 from durable_memory.memory.store.db import make_engine
 from durable_memory.memory.store.turns import TurnStore
+from durable_memory.models.context import CompiledContext, ContextWindowOverview
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.llm import ModelReply, TextBlock
 from durable_memory.models.operations import AddItem, LearnPreference

@@ -18,7 +18,11 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.client import TurnFailed
-from durable_memory.config import ActivitiesSettings, ActivitySettings, RetrySettings
+from durable_memory.models.activity_settings import (
+    ActivitiesSettings,
+    ActivitySettings,
+    RetrySettings,
+)
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.turn import (
     RejectedSignals,

@@ -5,7 +5,7 @@
 - transient errors (a domain error marked `retryable`, a model 429/5xx, SQLite's "database is
   locked", PostgreSQL's OperationalError, connection refused or reset, a time-out, a git lock
   held by another process) are retried with the activity's backoff, up to its
-  maximum_attempts (always finite, see config.RetrySettings);
+  maximum_attempts (always finite, see models/activity_settings.RetrySettings);
 - anything else (a bug, pydantic's ValidationError, LookupError, ValueError...) is retried a
   few times, in case it came from a passing state, then fails for good.
 

@@ -6,11 +6,10 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from durable_memory.config import ActivitiesSettings
-from durable_memory.memory.core.errors import InvalidIdentifier
-from durable_memory.memory.core.ids import validate_user_id
+from durable_memory.models.activity_settings import ActivitiesSettings
 from durable_memory.models.blocks import RotationStrategyName
 from durable_memory.models.diffs import DiffStatus
+from durable_memory.models.ids import USER_ID
 
 MAX_MESSAGE_CHARS = 100_000
 MAX_EDITED_MARKDOWN_CHARS = 200_000
@@ -28,15 +27,9 @@ class TurnStatus(StrEnum):
     """A step failed for good (or the input was invalid): the workflow failed, naming it."""
 
 
-def _user_id(value: str) -> str:
-    try:
-        return validate_user_id(value)
-    except InvalidIdentifier as error:  # pydantic reports a ValueError as the field's problem
-        raise ValueError(str(error)) from None
-
-
-UserId = Annotated[str, AfterValidator(_user_id)]
-"""A user id, refused with `validate_user_id`'s message wherever a model carries one."""
+UserId = Annotated[str, AfterValidator(USER_ID.check)]
+"""A user id, refused with `validate_user_id`'s message wherever a model carries one (pydantic
+reports the rule's ValueError as the field's problem)."""
 
 
 class TurnInput(BaseModel):

@@ -6,7 +6,7 @@ from typing import Any
 from temporalio.common import RetryPolicy, SearchAttributeKey
 
 from durable_memory.activities.errors import final_error_types
-from durable_memory.config import ActivitySettings
+from durable_memory.models.activity_settings import ActivitySettings
 
 USER_ID = SearchAttributeKey.for_keyword("DmemUserId")
 TURN_STATUS = SearchAttributeKey.for_keyword("DmemTurnStatus")

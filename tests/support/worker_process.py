@@ -12,7 +12,12 @@ from typing import IO
 
 from temporalio.testing import WorkflowEnvironment
 
-from durable_memory.config import ActivitiesSettings, ActivitySettings, RetrySettings, Settings
+from durable_memory.config import Settings
+from durable_memory.models.activity_settings import (
+    ActivitiesSettings,
+    ActivitySettings,
+    RetrySettings,
+)
 from tests.support.temporal_helpers import rig_settings
 
 FAST = ActivitySettings(start_to_close_s=4, retry=RetrySettings(initial_interval_s=0.2))

@@ -13,12 +13,11 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
-from durable_memory.memory.agent.tokens import count_tokens, count_tokens_cached
 from durable_memory.memory.core.formats import escape_prompt_text, render_memory
+from durable_memory.memory.core.tokens import count_tokens, count_tokens_cached
 from durable_memory.memory.service import MemoryService
 from durable_memory.memory.store.summaries import SummaryStore
+from durable_memory.models.context import CompiledContext, ContextWindowOverview
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.llm import (
     ChatMessage,
@@ -37,34 +36,6 @@ MESSAGE_OVERHEAD_TOKENS = 4
 
 Summarizer = Callable[[Sequence[RecallMessage], str | None], str]
 """(messages to fold in, previous summary) -> new summary. In production: a model call."""
-
-
-class ContextWindowOverview(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    context_window: int
-    system_tokens: int
-    core_memory_tokens: int
-    metadata_tokens: int
-    summary_tokens: int
-    messages_tokens: int
-    tools_tokens: int
-    total_tokens: int
-    share_used: float
-    message_count: int
-    recall_message_count: int
-    archival_passage_count: int
-    summarized_through_message_id: int
-
-
-class CompiledContext(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    system: str
-    messages: list[ChatMessage]
-    tools: list[dict[str, Any]]
-    overview: ContextWindowOverview
-    last_message_id: int
 
 
 def _block(m: RecallMessage) -> tuple[str, ContentBlock] | None:

@@ -20,12 +20,7 @@ from collections.abc import Sequence
 from typing import Final, Protocol
 
 from durable_memory.faults import AFTER_MODEL_CALL, crash_point
-from durable_memory.memory.agent.context import (
-    CompiledContext,
-    Summarizer,
-    compile_context,
-    to_chat_messages,
-)
+from durable_memory.memory.agent.context import Summarizer, compile_context, to_chat_messages
 from durable_memory.memory.agent.tool_specs import check_input_size, tool_definitions
 from durable_memory.memory.agent.tools import MemoryTools
 from durable_memory.memory.archive.protocol import ArchiveStore
@@ -35,6 +30,7 @@ from durable_memory.memory.service import MemoryService
 from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.memory.store.turns import TurnStore
 from durable_memory.models.blocks import ModelSettings
+from durable_memory.models.context import CompiledContext
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.limits import MAX_REPLY_TEXT_CHARS, MAX_TOOL_CALLS_PER_REPLY
 from durable_memory.models.llm import ChatMessage, ModelReply, TextBlock, ToolResultBlock

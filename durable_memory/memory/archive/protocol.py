@@ -5,10 +5,10 @@ import unicodedata
 import uuid
 from typing import Protocol
 
-from durable_memory.memory.agent.tokens import count_tokens, split_tokens
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.core.limits import LimitExceeded
+from durable_memory.memory.core.tokens import count_tokens, split_tokens
 from durable_memory.models.archive import ArchiveSearch, NewPassage, Passage, PassageHit
 from durable_memory.models.limits import MAX_PASSAGE_TAGS, MAX_TAG_CHARS, MAX_TOOL_ARGUMENT_CHARS
 

@@ -1,4 +1,8 @@
-"""Persistent state of the adaptive rotation strategy: threshold and recent usage, per block."""
+"""Persistent state of the adaptive rotation strategy: threshold and recent usage, per block.
+
+A SQL table, so it lives with the others in store/ (db.make_engine creates every table); the
+adaptive strategy in rotation/ reads and writes it.
+"""
 
 import json
 

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine, Table, event, inspect, text
 from sqlmodel import Field, Session, SQLModel
 
-from durable_memory.memory.agent.context import CompiledContext
+from durable_memory.models.context import CompiledContext
 from durable_memory.models.llm import ModelReply
 
 
