@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench setup clean
+.PHONY: demo test lint typecheck unit bench setup clean docs-images
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -43,3 +43,8 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+# The pictures of docs/architecture.md from their sources beside them (dot: Debian's graphviz).
+docs-images: $(STAMP)
+	dot -Tpng -Gdpi=110 docs/layers.dot -o docs/layers.png
+	$(BIN)/python docs/turn_sequence.py

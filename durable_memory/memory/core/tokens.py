@@ -2,7 +2,8 @@
 
 Nothing is downloaded: the encoding file ships inside the package. cl100k is not Claude's
 tokenizer; it is a stable, local estimate, good for budgeting the context window. Where exact
-counts matter, Anthropic's count_tokens endpoint can be used instead (see docs/context-and-tools.md).
+counts matter, Anthropic's count_tokens endpoint can be used instead
+(see docs/context-and-tools.md).
 """
 
 import itertools
