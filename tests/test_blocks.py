@@ -1,4 +1,5 @@
-"""The seed's PersonaBlock and HumanBlock: fields, limits, serialization, operations."""
+"""PersonaBlock and HumanBlock of the seed 000_d8598551964ab573.txt: fields, limits, serialization,
+operations."""
 
 from datetime import UTC, datetime
 

@@ -1,8 +1,10 @@
-"""Every relative link and every source path the docs name resolves to a file in the repository.
+"""Every reference a reader may follow leads somewhere: links, source paths, seed documents.
 
 Files move (memory/ was split into parts); a doc that still names the old place sends its reader
 nowhere. Links are resolved from the document's folder, as a Markdown viewer does; a path in
-backticks (`memory/core/ids.py`) from the repository root or from durable_memory/.
+backticks (`memory/core/ids.py`) from the repository root or from durable_memory/. The design
+documents the project started from (../shared/seeds/) are several: a text that relies on one
+names its file.
 """
 
 import re
@@ -48,3 +50,24 @@ def test_named_source_paths_exist(document: Path) -> None:
         and not any((base / match.group(1)).exists() for base in (document.parent, *BASES))
     ]
     assert not missing, "paths to files that do not exist:\n" + "\n".join(missing)
+
+
+SEED_MENTION = re.compile(r"\b[Tt]he seed\b|\bseed[']s\b")
+SEED_FILE = re.compile(r"\b\d{3}_[0-9a-f]{16}\.txt\b")
+SEED_CITATION_REACH = 120
+"""How far after the mention (in characters) the document's file name must appear."""
+SOURCES = [
+    *DOCUMENTS,
+    *(p for folder in ("durable_memory", "tests", "bench") for p in (REPO / folder).rglob("*.py")),
+]
+
+
+def test_seeds_are_cited_by_file_name() -> None:
+    vague = []
+    for source in SOURCES:
+        text = source.read_text(encoding="utf-8")
+        for match in SEED_MENTION.finditer(text):
+            if not SEED_FILE.search(text, match.start(), match.end() + SEED_CITATION_REACH):
+                line = _line(text, match.start())
+                vague.append(f"{source.relative_to(REPO)}:{line}: {match.group(0)!r}")
+    assert not vague, "name the seed document (e.g. 000_d8598551964ab573.txt):\n" + "\n".join(vague)

@@ -10,8 +10,8 @@ approved diff and none for any other, no diff approved without its commit, every
 answer true, each message in recall exactly once, `git fsck --strict` clean, and the next turn
 of every user succeeds.
 
-The seed is printed; `DMEM_KILL_SEED=<seed>` replays the same choices (the interleaving with
-the scheduler still varies, so a failure is reproduced by running the seed a few times).
+The random seed is printed; `DMEM_KILL_SEED=<seed>` replays the same choices (the interleaving with
+the scheduler still varies, so a failure is reproduced by rerunning that seed a few times).
 """
 
 import asyncio

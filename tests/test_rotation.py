@@ -1,4 +1,4 @@
-"""Rotation: the seed's strategies, the adaptive threshold, and nothing lost across a crash."""
+"""Rotation: the strategies of the seed 000_d8598551964ab573.txt, the adaptive threshold, and nothing lost across a crash."""
 
 import re
 from collections.abc import Iterator
@@ -46,7 +46,7 @@ SEED_HUMAN = (
 )
 
 
-# -- the strategies on the seed's examples -------------------------------------------------
+# -- the strategies on the examples of the seed 000_d8598551964ab573.txt ---------------------------
 
 
 def test_aggressive_keeps_the_most_recent_content() -> None:

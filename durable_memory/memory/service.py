@@ -89,7 +89,8 @@ class Block:
 
 @dataclass(frozen=True)
 class HumanSummary:
-    """The seed's get_summary(): usage, state, task and how many context notes are kept."""
+    """get_summary() of the seed 000_d8598551964ab573.txt: usage, state, task and how many context
+    notes are kept."""
 
     label: str
     chars: int
@@ -221,7 +222,8 @@ class MemoryService:
         trailers = {"Reason": reason} if reason else None
         return self._commit_fields(user_id, label, op, author, describe(op, label), trailers)
 
-    # The seed's high-level operations, called by a backend service (committed directly).
+    # The high-level operations of the seed 000_d8598551964ab573.txt, called by a backend service
+    # (committed directly).
 
     def set_task(
         self,

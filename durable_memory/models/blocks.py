@@ -1,4 +1,5 @@
-"""Block schemas as declared by agent profiles, and the built-in kinds from the seed."""
+"""Block schemas as declared by agent profiles, and the built-in kinds from the seed
+000_d8598551964ab573.txt."""
 
 from enum import StrEnum
 from typing import Annotated
@@ -26,11 +27,12 @@ class BlockKind(StrEnum):
     TEXT = "text"
     """Letta-style free text (`persona`, `human`)."""
     FIELDS = "fields"
-    """Typed fields declared in the profile (the seed's `student`, `journey`, ...)."""
+    """Typed fields declared in the profile (`student`, `journey`, ... in the seed
+    000_d8598551964ab573.txt)."""
     PERSONA = "persona"
-    """The seed's built-in PersonaBlock."""
+    """The built-in PersonaBlock of the seed 000_d8598551964ab573.txt."""
     HUMAN = "human"
-    """The seed's built-in HumanBlock."""
+    """The built-in HumanBlock of the seed 000_d8598551964ab573.txt."""
 
 
 class RotationStrategyName(StrEnum):
@@ -73,7 +75,7 @@ class BlockSpec(BaseModel):
 
 
 class SessionState(StrEnum):
-    """The seed's HumanBlock session states."""
+    """The HumanBlock session states of the seed 000_d8598551964ab573.txt."""
 
     IDLE = "idle"
     ACTIVE_TASK = "active_task"

@@ -76,7 +76,8 @@ class RemoveItem(_Op):
 
 
 class SetTask(_Op):
-    """The seed's set_task: sets the current task and the state to active_task."""
+    """set_task of the seed 000_d8598551964ab573.txt: sets the current task and the state to
+    active_task."""
 
     op: Literal["set_task"] = "set_task"
     task: NonEmptyEditText
@@ -84,7 +85,8 @@ class SetTask(_Op):
 
 
 class ClearTask(_Op):
-    """The seed's clear_task: back to idle; with `archive`, the task goes to archival memory."""
+    """clear_task of the seed 000_d8598551964ab573.txt: back to idle; with `archive`, the task goes
+    to archival memory."""
 
     op: Literal["clear_task"] = "clear_task"
     archive: bool = False

@@ -2,7 +2,8 @@
 
 A block's *value* (what the model sees inside `<value>`, what the char limit counts) is:
 - text blocks: the text itself;
-- the seed's persona and human kinds: the seed's one-line-per-tag serialization;
+- the persona and human kinds of the seed 000_d8598551964ab573.txt: its one-line-per-tag
+  serialization;
 - other typed blocks: one `[FIELD] value` line per non-empty field, lists joined by '; '.
 """
 
@@ -22,7 +23,7 @@ from durable_memory.models.blocks import (
 )
 
 DEFAULT_CORE_LIMIT = 1500
-"""The seed's CORE_MEMORY_MAX_CHARS."""
+"""CORE_MEMORY_MAX_CHARS of the seed 000_d8598551964ab573.txt."""
 
 HUMAN_CONTEXT_WINDOW = 10
 """Context notes kept in a human block (a rolling window)."""
@@ -37,7 +38,7 @@ def text_fields() -> tuple[FieldSpec, ...]:
 
 
 def persona_fields() -> tuple[FieldSpec, ...]:
-    """The seed's PersonaBlock fields, defaults and limits."""
+    """PersonaBlock fields of the seed 000_d8598551964ab573.txt, defaults and limits."""
     return (
         FieldSpec(name="name", type=FieldType.STR, default="Assistant", required=True),
         FieldSpec(name="role", type=FieldType.STR, required=True),
@@ -50,7 +51,7 @@ def persona_fields() -> tuple[FieldSpec, ...]:
 
 
 def human_fields() -> tuple[FieldSpec, ...]:
-    """The seed's HumanBlock fields, defaults and limits."""
+    """HumanBlock fields of the seed 000_d8598551964ab573.txt, defaults and limits."""
     return (
         FieldSpec(name="name", type=FieldType.STR),
         FieldSpec(name="role", type=FieldType.STR),
@@ -190,7 +191,7 @@ class ValueLine:
 
 
 def persona_lines(fields: BlockFields) -> list[ValueLine]:
-    """The seed's PersonaBlock.to_memory_string(), line by line."""
+    """PersonaBlock.to_memory_string() of the seed 000_d8598551964ab573.txt, line by line."""
     lines = [
         ValueLine(f"[IDENTITY] {_text(fields, 'name')} | {_text(fields, 'role')}", ("name", "role"))
     ]
@@ -209,7 +210,7 @@ def persona_lines(fields: BlockFields) -> list[ValueLine]:
 
 
 def human_lines(fields: BlockFields) -> list[ValueLine]:
-    """The seed's HumanBlock.to_memory_string(), line by line."""
+    """HumanBlock.to_memory_string() of the seed 000_d8598551964ab573.txt, line by line."""
     lines = []
     who = " | ".join(p for p in (_text(fields, "name"), _text(fields, "role")) if p)
     if who:

@@ -1,6 +1,6 @@
 """Block formats: TOML for storage, Markdown for editing, Letta's XML-like form for the prompt.
 
-Markdown shape (the seed's):
+Markdown shape (the seed 000_d8598551964ab573.txt's):
 
     ---
     block: student

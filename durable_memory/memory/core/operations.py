@@ -242,7 +242,8 @@ def describe(op: EditOperation, label: str) -> str:
 
 
 def format_task_archive(fields: BlockFields, when: datetime) -> str:
-    """The seed's task archival text: `[TASK COMPLETED <iso>]`, `Task:` and `Context:` lines."""
+    """The task archival text of the seed 000_d8598551964ab573.txt: `[TASK COMPLETED <iso>]`,
+    `Task:` and `Context:` lines."""
     task = fields.get("current_task") or ""
     notes = fields.get("context_notes") or []
     lines = [f"[TASK COMPLETED {when.strftime('%Y-%m-%dT%H:%M:%S')}]", f"Task: {task}", "Context:"]

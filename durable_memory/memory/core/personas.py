@@ -1,4 +1,5 @@
-"""The seed's three pre-configured personas, as PersonaBlock field values."""
+"""The three pre-configured personas of the seed 000_d8598551964ab573.txt, as PersonaBlock field
+values."""
 
 from durable_memory.models.blocks import BlockFields
 

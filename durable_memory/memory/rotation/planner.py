@@ -41,7 +41,7 @@ class BlockUsage:
 
 @dataclass(frozen=True)
 class ContextMetrics:
-    """The seed's ContextMetrics, for every block of a profile."""
+    """ContextMetrics of the seed 000_d8598551964ab573.txt, for every block of a profile."""
 
     blocks: dict[str, BlockUsage]
 
@@ -99,7 +99,7 @@ class RotationPlan(BaseModel):
 
 
 def archive_header(when: datetime) -> str:
-    """The seed's archival header."""
+    """The archival header of the seed 000_d8598551964ab573.txt."""
     return f"[ARCHIVED {when.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%S')}]"
 
 

@@ -1,7 +1,7 @@
 """The three rotation strategies of the seed (`000_d8598551964ab573.txt`): when a block is full
 enough to rotate (its threshold), and what of it to keep (free text compressed, or the lines
 of a typed block chosen). No store is read or written here: the planner loads and saves the
-adaptive strategy's state (state.py)."""
+adaptive strategy's state (store/rotation_state.py)."""
 
 from collections.abc import Sequence
 from typing import Protocol
@@ -89,7 +89,7 @@ class PreservativeRotation:
         lines = content.split("\n")
         order = self._order(lines)
         keep = _greedy(lines, order, target_chars, set())
-        # Priority lines first, then the others, as the seed does.
+        # Priority lines first, then the others, as the seed 000_d8598551964ab573.txt does.
         kept = [lines[i] for i in order if i in keep]
         return "\n".join(kept) if kept else _fit(lines[order[0]], target_chars)
 
@@ -98,7 +98,8 @@ class PreservativeRotation:
 
 
 def line_score(line: str) -> int:
-    """The seed's AdaptiveRotation scores: [TASK] 100, [USER] 90, [CONTEXT] 80, [..] 50, else 10."""
+    """AdaptiveRotation scores of the seed 000_d8598551964ab573.txt: [TASK] 100, [USER] 90,
+    [CONTEXT] 80, [..] 50, else 10."""
     for tag, score in (("[TASK]", 100), ("[USER]", 90), ("[CONTEXT]", 80)):
         if line.startswith(tag):
             return score
