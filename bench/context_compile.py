@@ -77,12 +77,11 @@ def _sentence(rng: random.Random, words: int) -> str:
 def _stack(tmp: Path, blocks: int, messages: int, rng: random.Random) -> MemoryStack:
     root = tmp / f"b{blocks}-m{messages}-{rng.random()}"
     stack = open_stack(root, profile=parse_profile(_profile(blocks), "bench"))
-    service = stack.service
-    service.ensure_user("u")
-    for spec in service.profile.blocks:  # every block about half full
-        service.edit_block("u", spec.label, {"value": _sentence(rng, 150)}, USER)
+    stack.blocks.ensure_user("u")
+    for spec in stack.blocks.profile.blocks:  # every block about half full
+        stack.edits.edit_block("u", spec.label, {"value": _sentence(rng, 150)}, USER)
     for turn in range(messages // 2):
-        service.recall.append(
+        stack.recall.append(
             "u",
             f"t{turn}",
             [
@@ -95,10 +94,10 @@ def _stack(tmp: Path, blocks: int, messages: int, rng: random.Random) -> MemoryS
 
 def _floor(stack: MemoryStack) -> None:
     """Read what compile reads, and do nothing with it."""
-    repo = stack.service.git.repo_path("u") / "blocks"
+    repo = stack.git.repo_path("u") / "blocks"
     for path in sorted(repo.glob("*.toml")):
         path.read_bytes()
-    db = sqlite3.connect(stack.service.git.data_dir / "memory.db")
+    db = sqlite3.connect(stack.git.data_dir / "memory.db")
     db.execute(
         "SELECT id, role, content FROM recall_messages WHERE user_id = ? ORDER BY id", ("u",)
     ).fetchall()

@@ -75,9 +75,9 @@ def _populate(settings: Settings, users: int, active: int) -> None:
 
     def one(n: int) -> None:
         user = f"user{n:04d}"
-        stack.service.ensure_user(user)
+        stack.blocks.ensure_user(user)
         for note in range(2):
-            stack.service.add_context(user, f"note {note} about the essay plan", BACKEND)
+            stack.edits.add_context(user, f"note {note} about the essay plan", BACKEND)
         for text in texts[: 200 if n < active else 20]:
             archive.insert(
                 NewPassage(user_id=user, text=f"{user}: {text}", source=PassageSource.IMPORT)

@@ -126,7 +126,7 @@ async def _throughput(
     for n, side in enumerate(("ours", "floor", "floor", "ours")):
         prefix = f"tp{users}-{n}-"
         for u in range(users):  # existing users: repository creation is not a turn's cost
-            await asyncio.to_thread(stack.service.ensure_user, f"{prefix}u{u}")
+            await asyncio.to_thread(stack.blocks.ensure_user, f"{prefix}u{u}")
         before = meter.read()
         rates[side].append(
             await _streams(ours if side == "ours" else floor, prefix, users, per_user)
@@ -204,8 +204,8 @@ async def main_async(turns: int, user_counts: list[int], leg_turns: int, out: Pa
             results["turn_breakdown"] = await _breakdown(env.client, "bench")
 
             # Approval -> commit visible, against an Update round trip + a plain git commit.
-            stack.service.ensure_user("floor")
-            repo = stack.service.git.repo_path("floor")
+            stack.blocks.ensure_user("floor")
+            repo = stack.git.repo_path("floor")
             ours, floor = [], []
             for i in range(turns):
                 reply = await client.send_message("approver", f"propose {i}")

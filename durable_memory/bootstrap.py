@@ -1,4 +1,4 @@
-"""The composition root: the memory stack (service, archive, rotation, tools) built from settings.
+"""The composition root: the memory stack (faces, stores, rotation, tools) built from settings.
 
 The only place outside the tests that assembles the domain's parts. The CLI and the client build
 one per command or connection, the Temporal worker one per process (workers/worker.py).
@@ -7,8 +7,10 @@ one per command or connection, the Temporal worker one per process (workers/work
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlalchemy import Engine
+
 from durable_memory.config import Settings
-from durable_memory.memory.agent.context import Summarizer
+from durable_memory.memory.agent.context import ContextSources, Summarizer
 from durable_memory.memory.agent.steps import ChatModel, TurnSteps, turn_context
 from durable_memory.memory.agent.tools import MemoryTools
 from durable_memory.memory.archive.embedders import Embedder, default_embedder
@@ -18,7 +20,7 @@ from durable_memory.memory.core.profiles import load_profile
 from durable_memory.memory.rotation.planner import DEFAULT_TARGET_RATIO
 from durable_memory.memory.rotation.steps import Rotator
 from durable_memory.memory.rotation.task_sink import ArchiveTaskSink
-from durable_memory.memory.service import MemoryService
+from durable_memory.memory.service import MemoryFaces
 from durable_memory.memory.store.db import make_engine
 from durable_memory.memory.store.diffs import DiffStore
 from durable_memory.memory.store.git import GitBlockStore
@@ -30,27 +32,37 @@ from durable_memory.models.blocks import AgentProfile
 from durable_memory.models.context import CompiledContext
 
 
-@dataclass
-class MemoryStack:
-    service: MemoryService
+@dataclass(frozen=True, kw_only=True)
+class MemoryStack(MemoryFaces):
+    """The faces (blocks, edits, review, history) and the stores callers use directly."""
+
+    recall: RecallStore
     archive: ArchiveStore
     summaries: SummaryStore
+    turns: TurnStore
     rotator: Rotator
     tools: MemoryTools
+    git: GitBlockStore
+    """The users' repositories as files, for what inspects them (snapshots, benchmarks):
+    memory is read and changed through the faces."""
+    engine: Engine
 
     def compile(self, user_id: str, summarizer: Summarizer | None = None) -> CompiledContext:
-        return turn_context(self.service, self.summaries, self.archive, user_id, summarizer)
+        return turn_context(self.sources(), self.archive, user_id, summarizer)
 
     def turn_steps(self, model: ChatModel) -> TurnSteps:
         """The steps of a turn on this stack, calling `model`."""
-        turns = TurnStore(self.service.diffs.engine)
-        return TurnSteps(self.service, self.summaries, self.archive, self.tools, model, turns)
+        return TurnSteps(self.sources(), self.archive, self.tools, model, self.turns)
+
+    def sources(self) -> ContextSources:
+        """What a turn's context is compiled from."""
+        return ContextSources(self.blocks, self.review, self.recall, self.summaries)
 
     def close(self) -> None:
         close = getattr(self.archive, "close", None)
         if close is not None:
             close()
-        self.service.diffs.engine.dispose()
+        self.engine.dispose()
 
 
 def open_archive(data_dir: Path, backend: str, embedder: Embedder) -> ArchiveStore:
@@ -77,19 +89,22 @@ def open_stack(
     engine = make_engine(database_url or f"sqlite:///{root.resolve() / 'memory.db'}")
     archive = open_archive(root, archive_backend, embedder or default_embedder())
     loaded = profile if isinstance(profile, AgentProfile) else load_profile(profile)
-    service = MemoryService(
-        loaded,
-        GitBlockStore(root),
-        DiffStore(engine),
-        RecallStore(engine),
-        ArchiveTaskSink(archive),
-    )
+    git = GitBlockStore(root)
+    recall = RecallStore(engine)
+    faces = MemoryFaces.over(loaded, git, DiffStore(engine), ArchiveTaskSink(archive))
     return MemoryStack(
-        service=service,
+        blocks=faces.blocks,
+        edits=faces.edits,
+        review=faces.review,
+        history=faces.history,
+        recall=recall,
         archive=archive,
         summaries=SummaryStore(engine),
-        rotator=Rotator(service, archive, RotationStateStore(engine), target_ratio),
-        tools=MemoryTools(service, archive),
+        turns=TurnStore(engine),
+        rotator=Rotator(faces.blocks, git, archive, RotationStateStore(engine), target_ratio),
+        tools=MemoryTools(faces.review, recall, archive),
+        git=git,
+        engine=engine,
     )
 
 

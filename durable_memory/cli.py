@@ -21,7 +21,6 @@ from durable_memory.config import Settings, load_settings
 from durable_memory.memory.core.errors import DurableMemoryError, UnsafeFile, validation_message
 from durable_memory.memory.core.ids import validate_diff_id, validate_label, validate_user_id
 from durable_memory.memory.core.profiles import load_profile
-from durable_memory.memory.service import MemoryService
 from durable_memory.memory.store.git import validate_author_name
 from durable_memory.models.archive import ArchiveSearch, TagMatch
 from durable_memory.models.diffs import DiffStatus
@@ -65,10 +64,6 @@ def _with_client(args: argparse.Namespace, work: Callable[[MemoryClient], Awaita
     return asyncio.run(run())
 
 
-def _service(args: argparse.Namespace) -> MemoryService:
-    return _stack(args).service
-
-
 def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
     if getattr(args, "json", False):
         print(json.dumps(_jsonable(data), indent=2, ensure_ascii=False))
@@ -87,28 +82,28 @@ def _jsonable(data: Any) -> Any:
 
 
 def cmd_init(args: argparse.Namespace) -> None:
-    sha = _service(args).ensure_user(args.user)
+    sha = _stack(args).blocks.ensure_user(args.user)
     print(f"memory of '{args.user}' is at commit {sha[:12]}")
 
 
 def cmd_blocks(args: argparse.Namespace) -> None:
-    service = _service(args)
-    labels = [args.label] if args.label else [b.label for b in service.profile.blocks]
+    blocks = _stack(args).blocks
+    labels = [args.label] if args.label else [b.label for b in blocks.profile.blocks]
     if args.json:
-        blocks = service.read_blocks(args.user)
+        read = blocks.read_blocks(args.user)
         data = {
-            label: {"fields": blocks[label].fields, "value": blocks[label].value}
+            label: {"fields": read[label].fields, "value": read[label].value}
             for label in labels
-            if service.spec(label)
+            if blocks.spec(label)
         }
         print(json.dumps(data, indent=2, ensure_ascii=False))
         return
-    print("\n\n".join(service.render(args.user, label, args.format) for label in labels))
+    print("\n\n".join(blocks.render(args.user, label, args.format) for label in labels))
 
 
 def cmd_edit(args: argparse.Namespace) -> None:
-    service = _service(args)
-    markdown = service.render(args.user, args.label, "markdown")
+    stack = _stack(args)
+    markdown = stack.blocks.render(args.user, args.label, "markdown")
     editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
     with tempfile.NamedTemporaryFile("w+", suffix=".md", encoding="utf-8", delete=False) as f:
         f.write(markdown)
@@ -127,7 +122,7 @@ def cmd_edit(args: argparse.Namespace) -> None:
                 print("no change")
                 return
             try:
-                sha = service.edit_markdown(args.user, args.label, edited, _person(args.user))
+                sha = stack.edits.edit_markdown(args.user, args.label, edited, _person(args.user))
             except UnsafeFile:
                 raise  # the repository is at fault, not the edit: editing again cannot help
             except DurableMemoryError as error:
@@ -148,12 +143,12 @@ def _person(name: str) -> Author:
 
 
 def cmd_import(args: argparse.Namespace) -> None:
-    sha = _service(args).commit_hand_edits(args.user, _person(args.as_name))
+    sha = _stack(args).history.commit_hand_edits(args.user, _person(args.as_name))
     print(f"committed {sha[:12]}" if sha else "no hand edits to import")
 
 
 def cmd_history(args: argparse.Namespace) -> None:
-    commits = _service(args).history(args.user, args.label, args.limit)
+    commits = _stack(args).history.history(args.user, args.label, args.limit)
     lines = [
         f"{c.sha[:12]}  {c.timestamp:%Y-%m-%d %H:%M:%S}  {c.author} ({c.author_kind})  "
         f"{c.message.splitlines()[0]}"
@@ -163,16 +158,16 @@ def cmd_history(args: argparse.Namespace) -> None:
 
 
 def cmd_restore(args: argparse.Namespace) -> None:
-    sha = _service(args).restore(args.user, args.label, args.sha, _person(args.as_name))
+    sha = _stack(args).history.restore(args.user, args.label, args.sha, _person(args.as_name))
     print(f"restored {args.label} from {args.sha[:12]} as commit {sha[:12]}")
 
 
 def cmd_diffs(args: argparse.Namespace) -> None:
-    service = _service(args)
-    diffs = service.pending(args.user)
+    review = _stack(args).review
+    diffs = review.pending(args.user)
     text = "\n".join(
         f"{d.id}  {d.label}  {d.summary}\n  reasoning: {d.reasoning}\n"
-        + "".join(f"  {line}\n" for line in service.preview(d.id).splitlines())
+        + "".join(f"  {line}\n" for line in review.preview(d.id).splitlines())
         for d in diffs
     )
     _emit(args, diffs, text or "no pending diffs")
@@ -231,7 +226,7 @@ def _print_outcome(verb: str, diff_id: str, outcome: DecisionOutcome | None) -> 
 
 def cmd_recall(args: argparse.Namespace) -> None:
     roles = [MessageRole(r) for r in args.role] if args.role else None
-    page = _service(args).recall.search(
+    page = _stack(args).recall.search(
         args.user, args.query, roles=roles, limit=args.limit, offset=args.offset
     )
     text = "\n".join(

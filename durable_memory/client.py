@@ -234,10 +234,10 @@ class MemoryClient:
     # -- decisions -------------------------------------------------------------------------
 
     async def pending_diffs(self, user_id: str) -> list[PendingDiff]:
-        return await asyncio.to_thread(self.stack.service.pending, validate_user_id(user_id))
+        return await asyncio.to_thread(self.stack.review.pending, validate_user_id(user_id))
 
     async def preview(self, diff_id: str, user_id: str | None = None) -> str:
-        return await asyncio.to_thread(self.stack.service.preview, diff_id, user_id)
+        return await asyncio.to_thread(self.stack.review.preview, diff_id, user_id)
 
     async def approve(
         self,
@@ -287,7 +287,7 @@ class MemoryClient:
     ) -> DecisionOutcome | None:
         validate_diff_id(diff_id)
         validate_author_name(approver)
-        diff = await asyncio.to_thread(self.stack.service.diffs.get, diff_id, user_id)
+        diff = await asyncio.to_thread(self.stack.review.get, diff_id, user_id)
         decision: DiffDecision = _checked(
             DiffDecision,
             diff_id=diff_id,
@@ -297,13 +297,13 @@ class MemoryClient:
             reason=reason,
             edited_markdown=edited_markdown,
         )
-        if not diff.proposed_by.startswith("turn:"):
+        turn_id = diff.proposer.turn_id
+        if turn_id is None:
             raise DurableMemoryError(f"diff {diff_id} was not proposed by a turn")
         if edited_markdown is not None:  # refused here, with line and reason, not in history
             await asyncio.to_thread(
-                from_markdown, self.stack.service.spec(diff.label), edited_markdown
+                from_markdown, self.stack.blocks.spec(diff.label), edited_markdown
             )
-        turn_id = diff.proposed_by.removeprefix("turn:")
         # A turn started before the unambiguous ids keeps its old id: tried second.
         for workflow_id in (
             turn_workflow_id(diff.user_id, turn_id),
@@ -330,7 +330,7 @@ class MemoryClient:
                 gone = error  # this id names no turn that takes decisions
         # Neither id names a running turn: it has ended, and the store has the diff's
         # final state.
-        current = await asyncio.to_thread(self.stack.service.diffs.get, diff_id, diff.user_id)
+        current = await asyncio.to_thread(self.stack.review.get, diff_id, diff.user_id)
         if current.status is DiffStatus.PENDING:
             raise DecisionRefused(
                 f"diff {diff_id} is pending but its turn is no longer waiting ({gone.message})"
@@ -405,15 +405,15 @@ class MemoryClient:
         """A user's own edit of a block (its Markdown form), committed directly as them."""
         person = Author(name=validate_author_name(author), kind=AuthorKind.USER)
         return await asyncio.to_thread(
-            self.stack.service.edit_markdown, validate_user_id(user_id), label, markdown, person
+            self.stack.edits.edit_markdown, validate_user_id(user_id), label, markdown, person
         )
 
     async def history(self, user_id: str, label: str, limit: int = 20) -> list[CommitInfo]:
-        return await asyncio.to_thread(self.stack.service.history, user_id, label, limit)
+        return await asyncio.to_thread(self.stack.history.history, user_id, label, limit)
 
     async def restore(self, user_id: str, label: str, sha: str, author: str) -> str:
         person = Author(name=validate_author_name(author), kind=AuthorKind.USER)
-        return await asyncio.to_thread(self.stack.service.restore, user_id, label, sha, person)
+        return await asyncio.to_thread(self.stack.history.restore, user_id, label, sha, person)
 
     async def search_archive(self, user_id: str, query: str, **options: Any) -> list[PassageHit]:
         request: ArchiveSearch = _checked(ArchiveSearch, query=query, **options)
@@ -435,10 +435,10 @@ class MemoryClient:
         labels = (
             [validate_label(label)]
             if label
-            else [b.label for b in self.stack.service.profile.blocks]
+            else [b.label for b in self.stack.blocks.profile.blocks]
         )
         for name in labels:
-            self.stack.service.spec(name)
+            self.stack.blocks.spec(name)
         handles = [
             await self.client.start_workflow(
                 RotationWorkflow.run,

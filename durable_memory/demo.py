@@ -153,14 +153,14 @@ def _student_edit(client: MemoryClient, diff: ProposedDiff) -> str | None:
     if diff.label != "human":
         return None
     return (
-        client.stack.service.render(USER, "human", "markdown")
+        client.stack.blocks.render(USER, "human", "markdown")
         .replace("## Current Task\n", "## Current Task\nFind the story in the robot repair")
         .replace("## Session State\nidle", "## Session State\nactive_task")
     )
 
 
 async def _session(client: MemoryClient, source: str, say: _Say) -> dict[str, Any]:
-    service = client.stack.service
+    stack = client.stack
     turns: list[dict[str, Any]] = []
     diff_ids: list[str] = []
     for number, message in enumerate(TURNS, start=1):
@@ -179,11 +179,11 @@ async def _session(client: MemoryClient, source: str, say: _Say) -> dict[str, An
 
     say("\n-- the tutoring backend logs session notes (committed directly, author tutor-backend)")
     for note in SESSION_NOTES:
-        service.add_context(USER, note, BACKEND)
+        stack.edits.add_context(USER, note, BACKEND)
     for fact in FACTS:
-        service.learn_fact(USER, fact, BACKEND)
+        stack.edits.learn_fact(USER, fact, BACKEND)
     for preference in PREFERENCES:
-        service.learn_preference(USER, preference, BACKEND)
+        stack.edits.learn_preference(USER, preference, BACKEND)
     (rotation,) = await client.rotate_now(USER, "human")
     if not rotation.rotated:
         raise DurableMemoryError("the demo's human block did not cross its rotation threshold")
@@ -193,7 +193,7 @@ async def _session(client: MemoryClient, source: str, say: _Say) -> dict[str, An
     )
 
     say(f"\n-- git log of users/{USER}")
-    log = service.git.history(USER, None, 50)
+    log = stack.history.log(USER, 50)
     for commit in log:
         trailers = " ".join(f"{k}={v[:16]}" for k, v in commit.trailers.items())
         say(
@@ -220,7 +220,7 @@ async def _session(client: MemoryClient, source: str, say: _Say) -> dict[str, An
         "model": source,
         "user": USER,
         "turns": turns,
-        "diffs": {d: service.diffs.get(d, USER).status.value for d in diff_ids},
+        "diffs": {d: stack.review.get(d, USER).status.value for d in diff_ids},
         "commits": [c.sha for c in log],
         "rotation": {"commit": rotation.commit_sha, "passages": rotation.passage_ids},
         "search_hits": [h.passage.id for h in hits],

@@ -66,8 +66,8 @@ class RotationActivities:
         """Every user's blocks over their threshold (the adaptive strategy learns from it)."""
         with classified_errors():
             found = []
-            for user_id in self.stack.service.git.users():
-                for spec in self.stack.service.profile.blocks:
+            for user_id in self.stack.blocks.users():
+                for spec in self.stack.blocks.profile.blocks:
                     if self.stack.rotator.check(user_id, spec.label).should_rotate:
                         found.append(RotationCandidate(user_id=user_id, label=spec.label))
             return found

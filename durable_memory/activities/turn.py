@@ -90,31 +90,31 @@ class TurnActivities:
         Idempotent: a retry after the decision was recorded (and perhaps committed) finishes
         and returns it instead of failing."""
         with classified_errors():
-            service = self.stack.service
-            diff = service.diffs.get(decision.diff_id, decision.user_id)
+            review = self.stack.review
+            diff = review.get(decision.diff_id, decision.user_id)
             if diff.status is DiffStatus.PENDING:
                 try:
                     return _outcome(self._apply(decision))
                 except DiffAlreadyDecided as lost:
-                    diff = lost.diff or service.diffs.get(decision.diff_id, decision.user_id)
+                    diff = lost.diff or review.get(decision.diff_id, decision.user_id)
             if diff.status is DiffStatus.APPROVED and diff.commit_sha is None:
                 # Whoever approved it, the approval is final: finish its commit (idempotent).
-                diff = service.commit_approved(diff.id, diff.user_id)
+                diff = review.commit_approved(diff.id, diff.user_id)
             if _is_own(diff, decision):  # this activity's earlier attempt decided it
                 return _outcome(diff)
             return _outcome(diff, _lost_message(diff, decision))
 
     def _apply(self, decision: DiffDecision) -> PendingDiff:
-        service = self.stack.service
+        review = self.stack.review
         if decision.decision == "approve":
-            return service.approve(
+            return review.approve(
                 decision.diff_id,
                 decision.approver,
                 user_id=decision.user_id,
                 edited_markdown=decision.edited_markdown,
                 note=decision.reason,
             )
-        return service.reject(
+        return review.reject(
             decision.diff_id,
             decision.approver,
             decision.reason or "rejected",
@@ -126,17 +126,17 @@ class TurnActivities:
         """Expire a turn's undecided diffs. The ids come from the turn workflow's own state
         (the diffs its activities proposed for its user), never from a caller."""
         with classified_errors():
-            service = self.stack.service
+            review = self.stack.review
             outcomes = []
             for diff_id in diff_ids:
-                diff = service.diffs.get(diff_id, None)
+                diff = review.get(diff_id, None)
                 if diff.status is DiffStatus.PENDING:
                     try:
-                        diff = service.expire(diff_id, diff.user_id)
+                        diff = review.expire(diff_id, diff.user_id)
                     except DiffAlreadyDecided as lost:  # decided in the meantime
                         diff = lost.diff or diff
                 if diff.status is DiffStatus.APPROVED and diff.commit_sha is None:
-                    diff = service.commit_approved(diff_id, diff.user_id)
+                    diff = review.commit_approved(diff_id, diff.user_id)
                 outcomes.append(_outcome(diff))
             return outcomes
 

@@ -1,7 +1,9 @@
 """Pending diffs: an agent's proposed edit, waiting for a human decision."""
 
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from typing import Self
 
 from pydantic import BaseModel, ConfigDict
 
@@ -20,6 +22,37 @@ class DiffStatus(StrEnum):
     """Approved, but the block had changed so that the edit no longer applied: memory untouched."""
 
 
+TURN_PROPOSER_PREFIX = "turn:"
+
+
+@dataclass(frozen=True)
+class Proposer:
+    """Who proposed a diff, typed. Stored as its text (`PendingDiff.proposed_by`, the commit's
+    Proposed-By trailer): `turn:<turn id>` for the agent in a turn, anything else is another
+    actor's name, kept as given."""
+
+    text: str
+
+    @classmethod
+    def turn(cls, turn_id: str) -> Self:
+        """The agent, proposing in turn `turn_id`."""
+        return cls(TURN_PROPOSER_PREFIX + turn_id)
+
+    @classmethod
+    def parse(cls, text: str) -> Self:
+        return cls(text)
+
+    @property
+    def turn_id(self) -> str | None:
+        """The turn that proposed it, or None if no turn did."""
+        if not self.text.startswith(TURN_PROPOSER_PREFIX):
+            return None
+        return self.text.removeprefix(TURN_PROPOSER_PREFIX)
+
+    def __str__(self) -> str:
+        return self.text
+
+
 class PendingDiff(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -30,7 +63,7 @@ class PendingDiff(BaseModel):
     base_sha: str | None
     reasoning: str
     proposed_by: str
-    """Who proposed it: `turn:<turn id>` for the agent, or another actor."""
+    """Who proposed it, as text: `proposer` is its typed form."""
     status: DiffStatus
     created_at: datetime
     decided_at: datetime | None = None
@@ -41,6 +74,10 @@ class PendingDiff(BaseModel):
     commit_sha: str | None = None
     superseded_by: str | None = None
     summary: str = ""
+
+    @property
+    def proposer(self) -> Proposer:
+        return Proposer.parse(self.proposed_by)
 
     @property
     def effective_operation(self) -> EditOperation:

@@ -25,6 +25,10 @@ class Author(BaseModel):
     kind: AuthorKind
 
 
+SYSTEM_AUTHOR = Author(name="durable-memory", kind=AuthorKind.SYSTEM)
+"""durable-memory itself: it creates repositories and expires undecided diffs."""
+
+
 class CommitInfo(BaseModel):
     model_config = ConfigDict(frozen=True)
 

@@ -11,14 +11,16 @@ of the stored state: compiling twice gives the same bytes.
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from durable_memory.memory.core.formats import escape_prompt_text, render_memory
 from durable_memory.memory.core.tokens import count_tokens, count_tokens_cached
-from durable_memory.memory.service import MemoryService
+from durable_memory.memory.service.blocks import Blocks
+from durable_memory.memory.service.review import Review
+from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.models.context import CompiledContext, ContextWindowOverview
-from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.llm import (
     ChatMessage,
     ContentBlock,
@@ -36,6 +38,17 @@ MESSAGE_OVERHEAD_TOKENS = 4
 
 Summarizer = Callable[[Sequence[RecallMessage], str | None], str]
 """(messages to fold in, previous summary) -> new summary. In production: a model call."""
+
+
+@dataclass(frozen=True)
+class ContextSources:
+    """What a context is compiled from: the blocks, the agent's pending proposals, the
+    conversation and its summary."""
+
+    blocks: Blocks
+    review: Review
+    recall: RecallStore
+    summaries: SummaryStore
 
 
 def _block(m: RecallMessage) -> tuple[str, ContentBlock] | None:
@@ -85,13 +98,9 @@ def to_chat_messages(
     return [ChatMessage.model_validate({"role": r, "content": b}) for r, b in turns]
 
 
-def _metadata(service: MemoryService, user_id: str, archival_count: int, recall_count: int) -> str:
-    last = service.git.head_info(user_id)
-    own = [
-        d
-        for d in service.diffs.list(user_id, [DiffStatus.PENDING])
-        if d.proposed_by.startswith("turn:")
-    ]
+def _metadata(sources: ContextSources, user_id: str, archival_count: int, recall_count: int) -> str:
+    last = sources.blocks.last_change(user_id)
+    own = [d for d in sources.review.pending(user_id) if d.proposer.turn_id is not None]
     changed = last.timestamp.isoformat() if last else "never"
     lines = [
         "<memory_metadata>",
@@ -130,8 +139,7 @@ def _cut_index(messages: Sequence[RecallMessage], keep_budget: int) -> int:
 
 
 def compile_context(
-    service: MemoryService,
-    summaries: SummaryStore,
+    sources: ContextSources,
     user_id: str,
     tools: list[dict[str, Any]],
     *,
@@ -141,20 +149,20 @@ def compile_context(
 ) -> CompiledContext:
     """Compile the context; if messages push it past `overflow_share` of the window and a
     summarizer is given, fold the oldest messages into the summary first."""
-    context = _compile(service, summaries, user_id, tools, archival_count)
-    window = service.profile.model.context_window
+    context = _compile(sources, user_id, tools, archival_count)
+    window = sources.blocks.profile.model.context_window
     if summarizer is None or context.overview.total_tokens <= overflow_share * window:
         return context
-    after, previous = _summary(summaries, user_id)
-    messages = service.recall.after(user_id, after)
+    after, previous = _summary(sources.summaries, user_id)
+    messages = sources.recall.after(user_id, after)
     fixed = context.overview.total_tokens - context.overview.messages_tokens
     budget = max(0, int(overflow_share * window) - fixed)
     cut = _cut_index(messages, int(budget * KEEP_SHARE_AFTER_SUMMARY))
     if cut == 0:
         return context
     folded = messages[:cut]
-    summaries.add(user_id, folded[-1].id, summarizer(folded, previous))
-    return _compile(service, summaries, user_id, tools, archival_count)
+    sources.summaries.add(user_id, folded[-1].id, summarizer(folded, previous))
+    return _compile(sources, user_id, tools, archival_count)
 
 
 def _summary(summaries: SummaryStore, user_id: str) -> tuple[int, str | None]:
@@ -163,18 +171,17 @@ def _summary(summaries: SummaryStore, user_id: str) -> tuple[int, str | None]:
 
 
 def _compile(
-    service: MemoryService,
-    summaries: SummaryStore,
+    sources: ContextSources,
     user_id: str,
     tools: list[dict[str, Any]],
     archival_count: int,
 ) -> CompiledContext:
-    profile = service.profile
-    blocks = service.read_blocks(user_id)
+    profile = sources.blocks.profile
+    blocks = sources.blocks.read_blocks(user_id)
     core = render_memory({b.label: (b.spec, b.fields) for b in blocks.values()})
-    recall_count = service.recall.count(user_id)
-    metadata = _metadata(service, user_id, archival_count, recall_count)
-    after, summary = _summary(summaries, user_id)
+    recall_count = sources.recall.count(user_id)
+    metadata = _metadata(sources, user_id, archival_count, recall_count)
+    after, summary = _summary(sources.summaries, user_id)
     summary_text = (
         f"<conversation_summary>\n{escape_prompt_text(summary)}\n</conversation_summary>"
         if summary
@@ -182,7 +189,7 @@ def _compile(
     )
     instructions = profile.persona.instructions.strip()
     system = "\n\n".join(p for p in (instructions, core, metadata, summary_text) if p)
-    recent = service.recall.after(user_id, after)
+    recent = sources.recall.after(user_id, after)
     messages = to_chat_messages(recent)
     tokens = {
         "system": count_tokens_cached(instructions),

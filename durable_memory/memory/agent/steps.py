@@ -20,14 +20,17 @@ from collections.abc import Sequence
 from typing import Final, Protocol
 
 from durable_memory.faults import AFTER_MODEL_CALL, crash_point
-from durable_memory.memory.agent.context import Summarizer, compile_context, to_chat_messages
+from durable_memory.memory.agent.context import (
+    ContextSources,
+    Summarizer,
+    compile_context,
+    to_chat_messages,
+)
 from durable_memory.memory.agent.tool_specs import check_input_size, tool_definitions
 from durable_memory.memory.agent.tools import MemoryTools
 from durable_memory.memory.archive.protocol import ArchiveStore
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.core.limits import LimitExceeded, cut_text
-from durable_memory.memory.service import MemoryService
-from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.memory.store.turns import TurnStore
 from durable_memory.models.blocks import ModelSettings
 from durable_memory.models.context import CompiledContext
@@ -188,8 +191,7 @@ def model_summarizer(model: ChatModel, settings: ModelSettings) -> Summarizer:
 
 
 def turn_context(
-    service: MemoryService,
-    summaries: SummaryStore,
+    sources: ContextSources,
     archive: ArchiveStore | None,
     user_id: str,
     summarizer: Summarizer | None = None,
@@ -197,8 +199,7 @@ def turn_context(
     """The context a turn starts from: memory, recall and every tool (also what `dmem context`
     shows). With a summarizer, an overflowing context is summarised first."""
     return compile_context(
-        service,
-        summaries,
+        sources,
         user_id,
         tool_definitions(),
         archival_count=archive.count(user_id) if archive is not None else 0,
@@ -211,15 +212,13 @@ class TurnSteps:
 
     def __init__(
         self,
-        service: MemoryService,
-        summaries: SummaryStore,
+        sources: ContextSources,
         archive: ArchiveStore | None,
         tools: MemoryTools,
         model: ChatModel,
         turns: TurnStore,
     ) -> None:
-        self.service = service
-        self.summaries = summaries
+        self.sources = sources
         self.archive = archive
         self.tools = tools
         self.model = model
@@ -227,23 +226,22 @@ class TurnSteps:
 
     def prepare(self, turn: TurnInput) -> PreparedTurn:
         """Record the user's message and compile the context (summarising on overflow)."""
-        service = self.service
-        service.ensure_user(turn.user_id)
+        sources = self.sources
+        sources.blocks.ensure_user(turn.user_id)
         # An approval recorded but not committed when a process died is finished first,
         # so no diff stays approved without its commit once the user is back.
-        service.finish_approvals(turn.user_id)
-        service.recall.append(
+        sources.review.finish_approvals(turn.user_id)
+        sources.recall.append(
             turn.user_id,
             turn.turn_id,
             [NewMessage(role=MessageRole.USER, content=turn.message)],
             first_seq=TurnPositions.USER,
         )
         context = turn_context(
-            service,
-            self.summaries,
+            sources,
             self.archive,
             turn.user_id,
-            summarizer=model_summarizer(self.model, service.profile.model),
+            summarizer=model_summarizer(self.model, sources.blocks.profile.model),
         )
         context = self.turns.save_context(turn.user_id, turn.turn_id, context)
         return PreparedTurn(
@@ -256,14 +254,14 @@ class TurnSteps:
         reply = self.turns.reply(step.user_id, step.turn_id, step.step)
         if reply is None:
             context = self.turns.context(step.user_id, step.turn_id)
-            earlier = self.service.recall.turn(step.user_id, step.turn_id, TurnPositions.FIRST_STEP)
+            earlier = self.sources.recall.turn(step.user_id, step.turn_id, TurnPositions.FIRST_STEP)
             messages = context.messages + to_chat_messages(earlier, start_with_user=False)
-            settings = self.service.profile.model
+            settings = self.sources.blocks.profile.model
             reply = self.model.create(settings, context.system, messages, context.tools)
             check_tool_calls(reply)
             reply = self.turns.save_reply(step.user_id, step.turn_id, step.step, reply)
             crash_point(AFTER_MODEL_CALL)
-        self.service.recall.append(
+        self.sources.recall.append(
             step.user_id,
             step.turn_id,
             reply_messages(reply),
@@ -292,40 +290,34 @@ class TurnSteps:
             )
             if outcome.diff_id:
                 diff_ids.append(outcome.diff_id)
-        self.service.recall.append(
+        self.sources.recall.append(
             step.user_id,
             step.turn_id,
             result_messages(results),
             first_seq=TurnPositions.results_seq(step.step),
         )
         superseded = [
-            SupersededDiff(
-                diff_id=d.id,
-                turn_id=(
-                    d.proposed_by.removeprefix("turn:")
-                    if d.proposed_by.startswith("turn:")
-                    else None
-                ),
-            )
-            for d in self.service.diffs.superseded_by(step.user_id, diff_ids)
+            SupersededDiff(diff_id=d.id, turn_id=d.proposer.turn_id)
+            for d in self.sources.review.superseded_by(step.user_id, diff_ids)
         ]
         return ToolStepResult(diff_ids=diff_ids, superseded=superseded)
 
     def finish(self, finish: FinishInput) -> FinishedTurn:
         """Note a step-limit stop in recall; describe the proposed diffs for the reply and UI."""
-        service = self.service
+        sources = self.sources
         if finish.stopped_at_step_limit:
             note = NewMessage(role=MessageRole.ASSISTANT, content=step_limit_note(finish.max_steps))
-            service.recall.append(
+            sources.recall.append(
                 finish.user_id, finish.turn_id, [note], first_seq=TurnPositions.STEP_LIMIT_NOTE
             )
-        diffs = [service.diffs.get(d, finish.user_id) for d in finish.diff_ids]
+        diffs = [sources.review.get(d, finish.user_id) for d in finish.diff_ids]
         lines = ["### Proposed memory edits", ""]
         for diff in diffs:
             lines.append(f"- `{diff.id}` **{diff.summary}** ({diff.status.value})")
             if diff.status is DiffStatus.PENDING:
                 lines.append(f"  > {diff.reasoning}" if diff.reasoning else "")
-                lines.append("```diff\n" + service.preview(diff.id, finish.user_id) + "```")
+                preview = sources.review.preview(diff.id, finish.user_id)
+                lines.append("```diff\n" + preview + "```")
         details = "\n".join(lines)
         if len(details) > DETAILS_LIMIT:
             details = details[:DETAILS_LIMIT] + "\n\n(truncated; `dmem diffs USER` shows all)"

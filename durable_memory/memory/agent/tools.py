@@ -34,8 +34,10 @@ from durable_memory.memory.archive.protocol import ArchiveStore
 from durable_memory.memory.core.errors import DurableMemoryError, validation_message
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.core.limits import cut_text
-from durable_memory.memory.service import MemoryService
+from durable_memory.memory.service.review import Review
+from durable_memory.memory.store.recall import RecallStore
 from durable_memory.models.archive import ArchiveSearch, NewPassage, PassageSource
+from durable_memory.models.diffs import Proposer
 from durable_memory.models.limits import (
     MAX_ARGUMENT_NAME_CHARS,
     MAX_RESULT_TEXT_CHARS,
@@ -147,8 +149,11 @@ def search_result(results: list[dict[str, Any]], text_key: str, **header: object
 class MemoryTools:
     """Executes the model's tool calls for one user and turn."""
 
-    def __init__(self, service: MemoryService, archive: ArchiveStore | None = None) -> None:
-        self.service = service
+    def __init__(
+        self, review: Review, recall: RecallStore, archive: ArchiveStore | None = None
+    ) -> None:
+        self.review = review
+        self.recall = recall
         self.archive = archive
 
     def execute(
@@ -198,8 +203,8 @@ class MemoryTools:
                 if call_id
                 else None
             )
-            diff = self.service.propose(
-                user_id, label, op, reasoning, f"turn:{turn_id}", diff_id=diff_id
+            diff = self.review.propose(
+                user_id, label, op, reasoning, Proposer.turn(turn_id), diff_id=diff_id
             )
         except (DurableMemoryError, ValidationError) as error:
             return ToolOutcome(f"{name} failed: {error}", is_error=True)
@@ -260,7 +265,7 @@ class MemoryTools:
             if call.end_date
             else None
         )
-        page = self.service.recall.search(
+        page = self.recall.search(
             user_id, call.query, roles=call.roles or None, start=start, end=end, limit=call.limit
         )
         results = [

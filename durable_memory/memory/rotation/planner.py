@@ -17,7 +17,8 @@ from durable_memory.memory.rotation.strategies import (
     PreservativeRotation,
     RotationStrategy,
 )
-from durable_memory.memory.service import Block, MemoryService
+from durable_memory.memory.service.access import Block
+from durable_memory.memory.service.blocks import Blocks
 from durable_memory.memory.store.rotation_state import RotationStateStore
 from durable_memory.models.blocks import BlockFields, BlockKind, BlockSpec, RotationStrategyName
 
@@ -108,14 +109,14 @@ class RotationPlanner:
 
     def __init__(
         self,
-        service: MemoryService,
+        blocks: Blocks,
         states: RotationStateStore,
         target_ratio: float = DEFAULT_TARGET_RATIO,
         clock: Callable[[], datetime] = utc_now,
     ) -> None:
         if not 0.05 <= target_ratio <= 1.0:
             raise ValueError(f"target ratio must be within [0.05, 1], got {target_ratio}")
-        self.service = service
+        self.blocks = blocks
         self.states = states
         self.target_ratio = target_ratio
         self.clock = clock
@@ -131,11 +132,11 @@ class RotationPlanner:
         return AdaptiveRotation(*saved) if saved else AdaptiveRotation()
 
     def metrics(self, user_id: str) -> ContextMetrics:
-        return context_metrics(self.service.read_blocks(user_id))
+        return context_metrics(self.blocks.read_blocks(user_id))
 
     def check(self, user_id: str, label: str) -> RotationCheck:
         """Is the block over its threshold? The adaptive strategy learns from every check."""
-        block = self.service.read_block(validate_user_id(user_id), validate_label(label))
+        block = self.blocks.read_block(validate_user_id(user_id), validate_label(label))
         strategy = self.strategy(user_id, block.spec)
         usage = len(block.value) / block.spec.limit
         if isinstance(strategy, AdaptiveRotation):
@@ -181,9 +182,9 @@ class RotationPlanner:
         same header, the same bound for the walk that finds its commit, whenever a step runs."""
         validate_user_id(user_id)
         block = (
-            self.service.read_block_at(user_id, validate_label(label), at_sha)
+            self.blocks.read_block_at(user_id, validate_label(label), at_sha)
             if at_sha
-            else self.service.read_block(user_id, validate_label(label))
+            else self.blocks.read_block(user_id, validate_label(label))
         )
         if block.sha is None or not block.value:
             return None

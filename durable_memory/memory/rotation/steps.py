@@ -19,7 +19,8 @@ from durable_memory.memory.rotation.planner import (
     RotationPlanner,
     utc_now,
 )
-from durable_memory.memory.service import MemoryService
+from durable_memory.memory.service.blocks import Blocks
+from durable_memory.memory.store.block_repository import BlockRepository
 from durable_memory.memory.store.git import format_message
 from durable_memory.memory.store.rotation_state import RotationStateStore
 from durable_memory.models.archive import NewPassage, PassageSource
@@ -43,13 +44,15 @@ class Rotator(RotationPlanner):
 
     def __init__(
         self,
-        service: MemoryService,
+        blocks: Blocks,
+        git: BlockRepository,
         archive: ArchiveStore,
         states: RotationStateStore,
         target_ratio: float = DEFAULT_TARGET_RATIO,
         clock: Callable[[], datetime] = utc_now,
     ) -> None:
-        super().__init__(service, states, target_ratio, clock)
+        super().__init__(blocks, states, target_ratio, clock)
+        self.git = git
         self.archive = archive
 
     def archive_step(self, plan: RotationPlan) -> list[str]:
@@ -70,9 +73,9 @@ class Rotator(RotationPlanner):
 
     def commit_step(self, plan: RotationPlan, passage_ids: Sequence[str]) -> str | None:
         """Step 2: commit the compressed block. Idempotent; None if the block moved on."""
-        spec = self.service.spec(plan.label)
+        spec = self.blocks.spec(plan.label)
         marker = f"{plan.label}@{plan.base_sha}"
-        with self.service.git.transaction(plan.user_id) as tx:
+        with self.git.transaction(plan.user_id) as tx:
             done = tx.find_trailer("Rotation-Of", marker, since=plan.planned_at)
             if done is not None:
                 return done

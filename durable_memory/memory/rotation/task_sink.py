@@ -1,11 +1,12 @@
-"""Finished tasks into archival memory: the MemoryService's `TaskArchive` on an ArchiveStore."""
+"""Finished tasks into archival memory: the faces' `TaskArchive` (memory/service/access.py)
+on an ArchiveStore."""
 
 from durable_memory.memory.archive.protocol import ArchiveStore
 from durable_memory.models.archive import NewPassage, PassageSource
 
 
 class ArchiveTaskSink:
-    """The MemoryService's TaskArchive on an ArchiveStore: finished tasks become passages."""
+    """The faces' TaskArchive on an ArchiveStore: finished tasks become passages."""
 
     def __init__(self, archive: ArchiveStore) -> None:
         self.archive = archive

@@ -1,0 +1,44 @@
+"""The memory's public faces, one per job, over the stores each needs:
+
+- `Blocks`: read and render a user's blocks (and create their repository);
+- `DirectEdits`: changes committed at once, by the user (author = the user) or by a backend
+  service calling a domain operation (author = the service);
+- `Review`: the model's proposals as pending diffs and the human decisions on them (a diff
+  approved is committed with author = the approver);
+- `History`: versions of a block, restoring one, importing hand edits.
+
+They share one `BlockAccess` (access.py), so a block is read and committed one way.
+"""
+
+from dataclasses import dataclass
+
+from durable_memory.memory.service.access import BlockAccess, TaskArchive
+from durable_memory.memory.service.blocks import Blocks
+from durable_memory.memory.service.edits import DirectEdits
+from durable_memory.memory.service.history import History
+from durable_memory.memory.service.review import Review
+from durable_memory.memory.store.block_repository import BlockRepository
+from durable_memory.memory.store.diffs import DiffStore
+from durable_memory.models.blocks import AgentProfile
+
+
+@dataclass(frozen=True)
+class MemoryFaces:
+    blocks: Blocks
+    edits: DirectEdits
+    review: Review
+    history: History
+
+    @classmethod
+    def over(
+        cls,
+        profile: AgentProfile,
+        git: BlockRepository,
+        diffs: DiffStore,
+        archive: TaskArchive | None = None,
+    ) -> "MemoryFaces":
+        """The four faces of one store, sharing its BlockAccess."""
+        access = BlockAccess(profile, git, archive)
+        return MemoryFaces(
+            Blocks(access), DirectEdits(access), Review(access, diffs), History(access)
+        )

@@ -1,0 +1,121 @@
+"""What the faces share: the profile's blocks in a user's git repository, read and committed.
+
+Every face (blocks, edits, review, history) holds the one `BlockAccess` of its stack, so a
+block is parsed, validated and committed the same way whichever face changes it.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Protocol
+
+from durable_memory.memory.core.blocks import default_fields, render_value, validate_fields
+from durable_memory.memory.core.errors import (
+    DurableMemoryError,
+    OperationNotApplicable,
+    UnknownBlock,
+)
+from durable_memory.memory.core.formats import from_toml, to_toml
+from durable_memory.memory.core.ids import validate_label
+from durable_memory.memory.core.operations import apply_operation, format_task_archive
+from durable_memory.memory.store.block_repository import BlockRepository, BlockTransaction
+from durable_memory.memory.store.git import block_path, format_message, validate_author_name
+from durable_memory.models.blocks import AgentProfile, BlockFields, BlockSpec
+from durable_memory.models.history import Author
+from durable_memory.models.operations import EditOperation
+
+
+class TaskArchive(Protocol):
+    """Where clear_task(archive=True) puts the finished task (archival memory)."""
+
+    def archive_task(self, user_id: str, text: str, *, dedupe_key: str) -> list[str]:
+        """Store the task text; the same `dedupe_key` again stores nothing (a retry)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Block:
+    label: str
+    spec: BlockSpec
+    fields: BlockFields
+    sha: str | None
+
+    @property
+    def value(self) -> str:
+        return render_value(self.spec, self.fields)
+
+
+class BlockAccess:
+    def __init__(
+        self, profile: AgentProfile, git: BlockRepository, archive: TaskArchive | None = None
+    ) -> None:
+        self.profile = profile
+        self.git = git
+        self.archive = archive
+
+    def spec(self, label: str) -> BlockSpec:
+        spec = self.profile.block(validate_label(label))
+        if spec is None:
+            raise UnknownBlock(
+                f"no block '{label}' in profile '{self.profile.name}'; its blocks are "
+                f"{', '.join(b.label for b in self.profile.blocks)}"
+            )
+        return spec
+
+    def parse(self, tx: BlockTransaction, spec: BlockSpec, sha: str | None = None) -> BlockFields:
+        text = tx.read(spec.label, sha)
+        if text is None:
+            return default_fields(spec)
+        where = f"users/{tx.user_id}/{block_path(spec.label)}"
+        return from_toml(
+            spec, text, f"{where} at {(sha or tx.head or '')[:12]}", enforce_limit=False
+        )
+
+    def read_block(self, user_id: str, label: str) -> Block:
+        spec = self.spec(label)
+        with self.git.transaction(user_id) as tx:
+            return Block(label, spec, self.parse(tx, spec), tx.head)
+
+    def read_at(self, user_id: str, label: str, sha: str) -> BlockFields:
+        spec = self.spec(label)
+        text = self.git.read_at(user_id, label, sha)
+        where = f"users/{user_id}/{block_path(label)} at {sha[:12]}"
+        return from_toml(spec, text, where, enforce_limit=False)
+
+    def commit_fields(
+        self,
+        user_id: str,
+        label: str,
+        fields: Mapping[str, object] | EditOperation,
+        author: Author,
+        summary: str,
+        trailers: Mapping[str, str] | None = None,
+    ) -> str:
+        """Commit the block with `fields` (validated) or with `op` applied to its HEAD."""
+        spec = self.spec(label)
+        validate_author_name(author.name)
+        with self.git.transaction(user_id) as tx:
+            if isinstance(fields, Mapping):
+                new = validate_fields(spec, fields)
+            else:
+                new = apply_operation(spec, self.parse(tx, spec), fields)
+            return tx.commit(
+                {label: to_toml(spec, new)}, format_message(summary, "", trailers), author
+            )
+
+    def require_archive(self) -> TaskArchive:
+        if self.archive is None:
+            raise DurableMemoryError(
+                "clear_task(archive=True) needs archival memory, and none is configured"
+            )
+        return self.archive
+
+    def archive_task(self, user_id: str, spec: BlockSpec) -> None:
+        """The block's current task into archival memory, keyed by the block's commit."""
+        archive = self.require_archive()
+        block = self.read_block(user_id, spec.label)
+        if not block.fields.get("current_task"):
+            raise OperationNotApplicable(f"block '{spec.label}' has no current task to archive")
+        text = format_task_archive(block.fields, datetime.now(UTC))
+        key = f"{spec.label}@{block.sha}\n{block.fields.get('current_task')}"
+        archive.archive_task(user_id, text, dedupe_key=key)

@@ -1,0 +1,109 @@
+"""Blocks: a user's memory blocks as the profile defines them, to read and render."""
+
+from dataclasses import dataclass
+
+from durable_memory.memory.core.blocks import default_fields
+from durable_memory.memory.core.errors import DurableMemoryError, OperationNotApplicable
+from durable_memory.memory.core.formats import render_prompt, to_markdown, to_toml
+from durable_memory.memory.core.ids import validate_user_id
+from durable_memory.memory.service.access import Block, BlockAccess
+from durable_memory.memory.store.git import format_message
+from durable_memory.models.blocks import AgentProfile, BlockKind, BlockSpec
+from durable_memory.models.history import SYSTEM_AUTHOR, CommitInfo
+
+
+@dataclass(frozen=True)
+class HumanSummary:
+    """get_summary() of the seed 000_d8598551964ab573.txt: usage, state, task and how many context
+    notes are kept."""
+
+    label: str
+    chars: int
+    limit: int
+    usage: float
+    session_state: str
+    current_task: str | None
+    context_notes: int
+    preferences: int
+    facts: int
+
+
+class Blocks:
+    def __init__(self, access: BlockAccess) -> None:
+        self._access = access
+
+    @property
+    def profile(self) -> AgentProfile:
+        return self._access.profile
+
+    def spec(self, label: str) -> BlockSpec:
+        return self._access.spec(label)
+
+    def users(self) -> list[str]:
+        """Every user who has a memory repository."""
+        return self._access.git.users()
+
+    def ensure_user(self, user_id: str) -> str:
+        """Create the user's repository with every profile block at its default; idempotent.
+
+        Blocks the profile gained since are added in a commit of their own.
+        """
+        validate_user_id(user_id)
+        with self._access.git.transaction(user_id, create=True) as tx:
+            missing = {
+                spec.label: to_toml(spec, default_fields(spec))
+                for spec in self.profile.blocks
+                if tx.read(spec.label) is None
+            }
+            if not missing and tx.head is not None:
+                return tx.head
+            summary = "Create memory" if tx.head is None else "Add new profile blocks"
+            message = format_message(
+                f"{summary}: {', '.join(missing)}", trailers={"Profile": self.profile.name}
+            )
+            return tx.commit(missing, message, SYSTEM_AUTHOR, allow_empty=True)
+
+    def read_block(self, user_id: str, label: str) -> Block:
+        return self._access.read_block(user_id, label)
+
+    def read_block_at(self, user_id: str, label: str, sha: str) -> Block:
+        return Block(label, self.spec(label), self._access.read_at(user_id, label, sha), sha)
+
+    def read_blocks(self, user_id: str) -> dict[str, Block]:
+        """Every block of the profile, in profile order."""
+        with self._access.git.transaction(user_id) as tx:
+            return {
+                spec.label: Block(spec.label, spec, self._access.parse(tx, spec), tx.head)
+                for spec in self.profile.blocks
+            }
+
+    def last_change(self, user_id: str) -> CommitInfo | None:
+        """The commit that last changed the user's blocks; None before the first."""
+        return self._access.git.head_info(user_id)
+
+    def render(self, user_id: str, label: str, fmt: str) -> str:
+        """A block as `toml` (stored form), `markdown` (editing form) or `prompt` (Letta)."""
+        block = self.read_block(user_id, label)
+        renderers = {"toml": to_toml, "markdown": to_markdown, "prompt": render_prompt}
+        if fmt not in renderers:
+            raise DurableMemoryError(f"unknown format {fmt!r}; use toml, markdown or prompt")
+        return renderers[fmt](block.spec, block.fields)
+
+    def summary(self, user_id: str, label: str = "human") -> HumanSummary:
+        block = self.read_block(user_id, label)
+        if block.spec.kind is not BlockKind.HUMAN:
+            raise OperationNotApplicable(f"block '{label}' is not a human block")
+        chars = len(block.value)
+        notes = block.fields.get("context_notes") or []
+        task = block.fields.get("current_task")
+        return HumanSummary(
+            label=label,
+            chars=chars,
+            limit=block.spec.limit,
+            usage=chars / block.spec.limit,
+            session_state=str(block.fields.get("session_state")),
+            current_task=task if isinstance(task, str) else None,
+            context_notes=len(notes),
+            preferences=len(block.fields.get("preferences") or []),
+            facts=len(block.fields.get("facts") or []),
+        )

@@ -1,0 +1,279 @@
+"""Review: the model's edits as pending diffs, and the human decisions on them.
+
+The model never changes memory: `propose` stores a PendingDiff that a person approves
+(committed with author = the approver, naming both proposer and approver) or rejects; one
+left undecided expires.
+"""
+
+import difflib
+import uuid
+from datetime import UTC, datetime
+
+from durable_memory.memory.core.errors import (
+    BlockValidationError,
+    DecisionRefused,
+    DiffAlreadyDecided,
+    DurableMemoryError,
+    OperationNotApplicable,
+    ReadOnlyBlock,
+)
+from durable_memory.memory.core.formats import from_markdown, to_markdown, to_toml
+from durable_memory.memory.core.ids import validate_user_id
+from durable_memory.memory.core.operations import apply_operation, conflict_reason, describe
+from durable_memory.memory.service.access import BlockAccess
+from durable_memory.memory.store.diffs import DiffStore
+from durable_memory.memory.store.git import (
+    block_path,
+    format_message,
+    validate_author_name,
+)
+from durable_memory.models.blocks import BlockKind
+from durable_memory.models.diffs import DiffStatus, PendingDiff, Proposer
+from durable_memory.models.history import SYSTEM_AUTHOR, Author, AuthorKind
+from durable_memory.models.operations import (
+    ClearTask,
+    EditOperation,
+    ReplaceFields,
+    RethinkText,
+)
+
+
+class Review:
+    def __init__(self, access: BlockAccess, diffs: DiffStore) -> None:
+        self._access = access
+        self._diffs = diffs
+
+    def propose(
+        self,
+        user_id: str,
+        label: str,
+        op: EditOperation,
+        reasoning: str,
+        proposer: Proposer,
+        *,
+        diff_id: str | None = None,
+    ) -> PendingDiff:
+        """The model's edit: checked against HEAD now, stored as pending, memory untouched.
+
+        With a `diff_id` (derived from the tool call by a Temporal activity), proposing again
+        returns the diff already stored under it: a retried activity creates nothing new.
+        """
+        if diff_id is not None:
+            existing = self._diffs.find(diff_id, user_id)
+            if existing is not None:
+                return existing
+        spec = self._access.spec(label)
+        if spec.read_only:
+            raise ReadOnlyBlock(f"block '{label}' is read-only; it cannot be edited by the agent")
+        if isinstance(op, ClearTask) and op.archive:
+            self._access.require_archive()
+        block = self._access.read_block(user_id, label)
+        apply_operation(spec, block.fields, op)
+        diff = PendingDiff(
+            id=diff_id or uuid.uuid4().hex,
+            user_id=user_id,
+            label=label,
+            operation=op,
+            base_sha=block.sha,
+            reasoning=reasoning,
+            proposed_by=str(proposer),
+            status=DiffStatus.PENDING,
+            created_at=datetime.now(UTC),
+            summary=describe(op, label),
+        )
+        self._diffs.create(diff)
+        return diff
+
+    def get(self, diff_id: str, user_id: str | None) -> PendingDiff:
+        """The diff, whatever its status; with `user_id`, only if it is that user's."""
+        return self._diffs.get(diff_id, user_id)
+
+    def pending(self, user_id: str) -> list[PendingDiff]:
+        validate_user_id(user_id)
+        return self._diffs.list(user_id, [DiffStatus.PENDING])
+
+    def superseded_by(self, user_id: str, diff_ids: list[str]) -> list[PendingDiff]:
+        """The user's diffs that these newer proposals superseded."""
+        return self._diffs.superseded_by(user_id, diff_ids)
+
+    def _edited_operation(self, diff: PendingDiff, edited_markdown: str) -> EditOperation:
+        spec = self._access.spec(diff.label)
+        fields = from_markdown(spec, edited_markdown)
+        if spec.kind is BlockKind.TEXT:
+            return RethinkText(new_value=str(fields["value"]))
+        return ReplaceFields(fields=fields)
+
+    def approve(
+        self,
+        diff_id: str,
+        approver: str,
+        *,
+        user_id: str | None = None,
+        edited_markdown: str | None = None,
+        note: str | None = None,
+    ) -> PendingDiff:
+        """Record the approval, then commit it. A reviewer's edit (the whole block as Markdown)
+        replaces the proposal; the commit names both the proposer and the approver.
+
+        Exactly one decision on a diff wins (compare-and-set); a loser gets DiffAlreadyDecided
+        carrying the winner's outcome. An approval that cannot be applied leaves the diff
+        pending with DecisionRefused (a reviewer's edit that is invalid or over the limit, a
+        block file changed by hand), or, if it stops applying after it was recorded, marks it
+        conflicted with the reason: it is never left approved without a commit, except for
+        the instant between recording and committing, which `commit_approved` finishes.
+        """
+        validate_author_name(approver)
+        diff = self._pending(diff_id, user_id)
+        edited = None
+        if edited_markdown is not None:
+            edited = self._edited_operation(diff, edited_markdown)
+        self._refuse_unappliable(diff, edited)
+        approved = self._diffs.transition(
+            diff.id,
+            diff.user_id,
+            DiffStatus.PENDING,
+            DiffStatus.APPROVED,
+            edited_operation=edited,
+            decided_by=approver,
+            decided_at=datetime.now(UTC),
+            decision_reason=note,
+        )
+        return self.commit_approved(approved.id, approved.user_id)
+
+    def _pending(self, diff_id: str, user_id: str | None) -> PendingDiff:
+        """The diff, if it still awaits a decision; else DiffAlreadyDecided with its outcome."""
+        diff = self._diffs.get(diff_id, user_id)
+        if diff.status is not DiffStatus.PENDING:
+            raise DiffAlreadyDecided.about(diff)
+        return diff
+
+    def _refuse_unappliable(self, diff: PendingDiff, edited: EditOperation | None) -> None:
+        """Refuse, before anything is recorded, an approval that could not be committed now."""
+        spec = self._access.spec(diff.label)
+        with self._access.git.transaction(diff.user_id) as tx:
+            on_disk = tx.working_copy(spec.label)
+            if on_disk is not None and on_disk != tx.read(spec.label):
+                raise DecisionRefused(
+                    f"diff {diff.id} was not approved: {block_path(spec.label)} of user "
+                    f"'{diff.user_id}' has changes made by hand that are not committed; import "
+                    "them (`dmem import`) or discard them, then decide again"
+                )
+            if edited is not None:
+                try:
+                    apply_operation(spec, self._access.parse(tx, spec), edited)
+                except (OperationNotApplicable, BlockValidationError) as error:
+                    raise DecisionRefused(
+                        f"diff {diff.id} was not approved: the reviewer's edit cannot be "
+                        f"applied: {error}"
+                    ) from None
+
+    def reject(
+        self, diff_id: str, approver: str, reason: str, *, user_id: str | None = None
+    ) -> PendingDiff:
+        validate_author_name(approver)
+        if not reason.strip():
+            raise DurableMemoryError("a rejection needs a reason")
+        diff = self._pending(diff_id, user_id)
+        return self._diffs.transition(
+            diff.id,
+            diff.user_id,
+            DiffStatus.PENDING,
+            DiffStatus.REJECTED,
+            decided_by=approver,
+            decided_at=datetime.now(UTC),
+            decision_reason=reason.strip(),
+        )
+
+    def expire(self, diff_id: str, user_id: str) -> PendingDiff:
+        return self._diffs.transition(
+            diff_id,
+            user_id,
+            DiffStatus.PENDING,
+            DiffStatus.EXPIRED,
+            decided_by=SYSTEM_AUTHOR.name,
+            decided_at=datetime.now(UTC),
+            decision_reason="not decided before the approval time-to-live ran out",
+        )
+
+    def finish_approvals(self, user_id: str) -> list[PendingDiff]:
+        """Commit (or mark conflicted) every approval of the user that was recorded but not
+        committed, e.g. because the process died in between. Cheap when there is none."""
+        return [
+            self.commit_approved(d.id, user_id) for d in self._diffs.unfinished_approvals(user_id)
+        ]
+
+    def commit_approved(self, diff_id: str, user_id: str) -> PendingDiff:
+        """Commit an approved diff. Idempotent: a retry after a crash finds the commit carrying
+        its Diff-Id trailer and returns it; a diff that no longer applies becomes conflicted."""
+        diff = self._diffs.get(diff_id, user_id)
+        if diff.status is not DiffStatus.APPROVED:
+            raise DurableMemoryError(f"diff {diff_id} is {diff.status.value}, not approved")
+        if diff.commit_sha:
+            return diff
+        try:
+            return self._commit(diff)
+        except DurableMemoryError as error:
+            if error.retryable:
+                raise
+            # Final, but it cannot be applied (the edit no longer fits the block, the block
+            # was edited by hand since the approval was checked, it left the profile...):
+            # nothing was committed, so the diff says so instead of staying approved.
+            return self._conflicted(diff, str(error))
+
+    def _commit(self, diff: PendingDiff) -> PendingDiff:
+        user_id = diff.user_id
+        spec = self._access.spec(diff.label)
+        op = diff.effective_operation
+        git = self._access.git
+        if isinstance(op, ClearTask) and op.archive:
+            # Archived before the commit (archiving is idempotent by its key); but a retry
+            # after the commit must not archive again: the task is cleared by then.
+            with git.transaction(user_id) as tx:
+                done = tx.find_trailer("Diff-Id", diff.id, since=diff.decided_at)
+            if done is not None:
+                return self._diffs.set_commit(diff.id, user_id, done)
+            self._access.archive_task(user_id, spec)
+        with git.transaction(user_id) as tx:
+            existing = tx.find_trailer("Diff-Id", diff.id, since=diff.decided_at)
+            if existing is not None:
+                return self._diffs.set_commit(diff.id, user_id, existing)
+            head = self._access.parse(tx, spec)
+            if diff.base_sha is not None and diff.base_sha != tx.head:
+                base = self._access.parse(tx, spec, diff.base_sha)
+                reason = conflict_reason(spec, base, head, op)
+                if reason is not None:
+                    return self._conflicted(diff, reason)
+            new = apply_operation(spec, head, op)
+            trailers = {
+                "Diff-Id": diff.id,
+                "Proposed-By": diff.proposed_by,
+                "Approved-By": diff.decided_by or "",
+                "Edited-By-Approver": "yes" if diff.edited_operation else "",
+                "Reason": diff.reasoning,
+            }
+            message = format_message(diff.summary or describe(op, diff.label), "", trailers)
+            approver = Author(name=diff.decided_by or "unknown", kind=AuthorKind.APPROVER)
+            sha = tx.commit({diff.label: to_toml(spec, new)}, message, approver, allow_empty=True)
+        return self._diffs.set_commit(diff.id, user_id, sha)
+
+    def _conflicted(self, diff: PendingDiff, reason: str) -> PendingDiff:
+        return self._diffs.transition(
+            diff.id,
+            diff.user_id,
+            DiffStatus.APPROVED,
+            DiffStatus.CONFLICTED,
+            decision_reason=f"not applied, memory unchanged: {reason}",
+        )
+
+    def preview(self, diff_id: str, user_id: str | None = None) -> str:
+        """The diff as a unified diff of the block's Markdown form, against the current HEAD."""
+        diff = self._diffs.get(diff_id, user_id)
+        block = self._access.read_block(diff.user_id, diff.label)
+        try:
+            new = apply_operation(block.spec, block.fields, diff.effective_operation)
+        except (OperationNotApplicable, BlockValidationError) as error:
+            return f"(diff {diff_id} no longer applies to the current block: {error})\n"
+        before = to_markdown(block.spec, block.fields).splitlines(keepends=True)
+        after = to_markdown(block.spec, new).splitlines(keepends=True)
+        name = f"{diff.label}.md"
+        return "".join(difflib.unified_diff(before, after, f"a/{name}", f"b/{name}"))
