@@ -8,14 +8,10 @@ from sqlalchemy import Engine, create_engine
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from durable_memory.memory.core.profiles import load_profile
-from durable_memory.memory.service import MemoryService
 from durable_memory.memory.store.db import make_engine
-from durable_memory.memory.store.diffs import DiffStore
-from durable_memory.memory.store.git import GitBlockStore
-from durable_memory.memory.store.recall import RecallStore
 from durable_memory.workers.dev_server import DEV_SERVER_ARGS, DEV_SERVER_STARTUP, temporal_binary
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
+from tests.support.memory import MemoryRig, memory_rig
 from tests.support.postgres import find_pg_bin, running_postgres
 from tests.support.temporal_helpers import start_time_skipping_env
 
@@ -83,22 +79,11 @@ def data_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def service(engine: Engine, data_dir: Path) -> MemoryService:
-    return MemoryService(
-        load_profile("essay_coach"),
-        GitBlockStore(data_dir),
-        DiffStore(engine),
-        RecallStore(engine),
-    )
+def memory(engine: Engine, data_dir: Path) -> MemoryRig:
+    return memory_rig(engine, data_dir)
 
 
 @pytest.fixture
-def sqlite_service(tmp_path: Path, data_dir: Path) -> MemoryService:
+def sqlite_memory(tmp_path: Path, data_dir: Path) -> MemoryRig:
     """For tests about git and formats, where the SQL backend does not matter."""
-    engine = make_engine(f"sqlite:///{tmp_path / 'memory.db'}")
-    return MemoryService(
-        load_profile("essay_coach"),
-        GitBlockStore(data_dir),
-        DiffStore(engine),
-        RecallStore(engine),
-    )
+    return memory_rig(make_engine(f"sqlite:///{tmp_path / 'memory.db'}"), data_dir)

@@ -69,7 +69,7 @@ async def record() -> None:
             )
             backend = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
             for i in range(3):
-                rig.stack.service.add_context("alice", f"note {i} " + "w" * 400, backend)
+                rig.stack.edits.add_context("alice", f"note {i} " + "w" * 400, backend)
             await rig.client.rotate_now("alice", "human")
             rotation = env.client.get_workflow_handle("rotation-alice-human")
             (HERE / "rotation.json").write_text(

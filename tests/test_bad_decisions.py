@@ -93,11 +93,11 @@ class Turn:
         raise AssertionError("the turn never settled")
 
     def bad_markdown(self, text: str) -> bool:
-        spec = self.rig.stack.service.spec("student")
+        spec = self.rig.stack.blocks.spec("student")
         return _invalid(lambda t: from_markdown(spec, t), text)
 
     def still_waiting(self) -> None:
-        assert self.rig.stack.service.diffs.get(self.open, USER).status is DiffStatus.PENDING
+        assert self.rig.stack.review.get(self.open, USER).status is DiffStatus.PENDING
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.core.formats import from_markdown
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.core.profiles import parse_profile
+from durable_memory.models.diffs import Proposer
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.operations import AddItem
 from tests.support.snapshots import hostile_ids, snapshot
@@ -42,15 +43,15 @@ anything = st.recursive(
 def stack(tmp_path_factory: pytest.TempPathFactory) -> MemoryStack:
     root = tmp_path_factory.mktemp("bad-input")
     stack = open_stack(root / "data", profile="essay_coach")
-    stack.service.ensure_user("alice")
-    stack.service.edit_block(
+    stack.blocks.ensure_user("alice")
+    stack.edits.edit_block(
         "alice",
         "student",
         {"name": "Alice", "strengths": ["Wit"]},
         Author(name="alice", kind=AuthorKind.USER),
     )
-    stack.service.propose(
-        "alice", "student", AddItem(field="strengths", value="Grit"), "r", "turn:seed"
+    stack.review.propose(
+        "alice", "student", AddItem(field="strengths", value="Grit"), "r", Proposer.turn("seed")
     )
     return stack
 
@@ -115,12 +116,12 @@ def test_service_calls_with_hostile_arguments(
     before = snapshot(stack)
     person = Author(name=who or "x", kind=AuthorKind.USER)
     calls: list[Callable[[], object]] = [
-        lambda: stack.service.read_block(user, label),
-        lambda: stack.service.restore(user, label, sha, person),
-        lambda: stack.service.approve(diff_id, who),
-        lambda: stack.service.reject(diff_id, who, "no"),
-        lambda: stack.service.edit_markdown(user, label, "---\nblock: x\n---\n", person),
-        lambda: stack.service.history(user, label, 5),
+        lambda: stack.blocks.read_block(user, label),
+        lambda: stack.history.restore(user, label, sha, person),
+        lambda: stack.review.approve(diff_id, who),
+        lambda: stack.review.reject(diff_id, who, "no"),
+        lambda: stack.edits.edit_markdown(user, label, "---\nblock: x\n---\n", person),
+        lambda: stack.history.history(user, label, 5),
     ]
     for call in calls:
         with pytest.raises(DurableMemoryError):
@@ -142,13 +143,13 @@ def test_service_calls_with_hostile_arguments(
 )
 def test_block_markdown_edits(stack: MemoryStack, markdown: str) -> None:
     """A person's edit: either valid (then committed) or refused with line and reason."""
-    spec = stack.service.spec("student")
+    spec = stack.blocks.spec("student")
     try:
         from_markdown(spec, markdown)
     except DurableMemoryError as error:
         before = snapshot(stack)
         with pytest.raises(DurableMemoryError):
-            stack.service.edit_markdown(
+            stack.edits.edit_markdown(
                 "alice", "student", markdown, Author(name="alice", kind=AuthorKind.USER)
             )
         assert snapshot(stack) == before
@@ -175,13 +176,13 @@ def test_block_markdown_edits(stack: MemoryStack, markdown: str) -> None:
     )
 )
 def test_hand_edited_block_files(stack: MemoryStack, content: bytes) -> None:
-    repo = stack.service.git.repo_path("alice")
+    repo = stack.git.repo_path("alice")
     path = repo / "blocks" / "journey.toml"
     path.write_bytes(content)
     before = snapshot(stack)
     alice = Author(name="alice", kind=AuthorKind.USER)
     try:
-        sha = stack.service.commit_hand_edits("alice", alice)
+        sha = stack.history.commit_hand_edits("alice", alice)
     except DurableMemoryError as error:
         assert "journey.toml" in str(error)
         assert "\n" not in str(error)
@@ -190,7 +191,7 @@ def test_hand_edited_block_files(stack: MemoryStack, content: bytes) -> None:
             ["git", "-C", str(repo), "checkout", "--", "blocks/journey.toml"], check=True
         )
     else:  # a valid hand edit is committed (or was no change at all)
-        assert sha is None or stack.service.git.head("alice") == sha
+        assert sha is None or stack.git.head("alice") == sha
 
 
 # -- profile files ---------------------------------------------------------------------------
@@ -262,7 +263,7 @@ def test_cli_with_hostile_arguments(
     if "\x00" in "".join(argv):
         return  # a NUL cannot be passed on a real command line
     before = snapshot(stack)
-    data_dir = str(stack.service.git.data_dir)
+    data_dir = str(stack.git.data_dir)
     try:
         code = main(["--data-dir", data_dir, "--profile", "essay_coach", *argv])
     except SystemExit as exit_:  # argparse: usage errors exit 2 with its own message

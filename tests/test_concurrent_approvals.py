@@ -59,10 +59,10 @@ async def test_twenty_concurrent_approvals(
             *(rig.client.approve(d, f"reviewer-{n}") for n, d in enumerate(diffs))
         )
         assert [o.status if o else None for o in outcomes] == [DiffStatus.APPROVED] * COUNT
-        log = rig.stack.service.git.history("zoe", None, 100)
+        log = rig.stack.git.history("zoe", None, 100)
         assert {c.trailers.get("Diff-Id") for c in log} >= set(diffs)  # all present
         assert len(log) == COUNT + 1  # creation + one commit each
-        repo = rig.stack.service.git.repo_path("zoe")
+        repo = rig.stack.git.repo_path("zoe")
         merges = subprocess.run(
             ["git", "-C", str(repo), "rev-list", "--merges", "HEAD"],
             capture_output=True,
@@ -70,7 +70,7 @@ async def test_twenty_concurrent_approvals(
             check=True,
         ).stdout
         assert merges == ""  # linear
-        blocks = rig.stack.service.read_blocks("zoe")
+        blocks = rig.stack.blocks.read_blocks("zoe")
         assert [blocks[f"b{i:02d}"].value for i in range(COUNT)] == [
             f"fact number {i}" for i in range(COUNT)
         ]

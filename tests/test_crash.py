@@ -59,10 +59,10 @@ async def test_worker_killed_right_after_the_model_call(
             await client.approve(reply.diffs[0].id, "ms-rivera")
             outcome = await turn_outcome(client, "alice", "k1")
     assert [d.status for d in outcome.decisions] == [DiffStatus.APPROVED]
-    messages = stack.service.recall.turn("alice", "k1")
+    messages = stack.recall.turn("alice", "k1")
     assert [m.role.value for m in messages] == ["user", "tool_call", "tool_result", "assistant"]
-    assert len(stack.service.history("alice", "student", 10)) == 2  # creation + one approval
-    assert_fsck_clean(stack.service.git.repo_path("alice"))
+    assert len(stack.history.history("alice", "student", 10)) == 2  # creation + one approval
+    assert_fsck_clean(stack.git.repo_path("alice"))
     stack.close()
 
 
@@ -72,7 +72,7 @@ async def test_worker_killed_in_the_middle_of_a_commit(
     settings = crash_settings(tmp_path)
     settings.memory.data_dir.mkdir(parents=True)
     stack = stack_from_settings(settings)
-    stack.service.ensure_user("alice")  # so the first commit in the worker is the approval
+    stack.blocks.ensure_user("alice")  # so the first commit in the worker is the approval
     client = MemoryClient(temporal_env.client, settings, stack)
     with ScriptedModelServer(SCRIPT) as model:
         with worker_process(
@@ -82,7 +82,7 @@ async def test_worker_killed_in_the_middle_of_a_commit(
             diff_id = reply.diffs[0].id
             approving = asyncio.create_task(client.approve(diff_id, "ms-rivera"))
             assert await asyncio.to_thread(first.wait, 60) == -9
-        repo = stack.service.git.repo_path("alice")
+        repo = stack.git.repo_path("alice")
         assert (repo / ".git" / "dmem-journal").exists()  # died between stage and commit
         with worker_process(settings, _address(temporal_env), model.url):
             outcome = await asyncio.wait_for(approving, 90)
@@ -91,14 +91,14 @@ async def test_worker_killed_in_the_middle_of_a_commit(
             await turn_outcome(client, "alice", "k2")
     commits = [
         c
-        for c in stack.service.history("alice", "student", 10)
+        for c in stack.history.history("alice", "student", 10)
         if c.trailers.get("Diff-Id") == diff_id
     ]
     assert [c.sha for c in commits] == [outcome.commit_sha]  # exactly one commit
-    assert stack.service.read_block("alice", "student").fields["name"] == "Alice"
+    assert stack.blocks.read_block("alice", "student").fields["name"] == "Alice"
     assert git_status(repo) == ""
     assert_fsck_clean(repo)
-    assert [m.role.value for m in stack.service.recall.turn("alice", "k2")] == [
+    assert [m.role.value for m in stack.recall.turn("alice", "k2")] == [
         "user",
         "tool_call",
         "tool_result",
@@ -137,5 +137,5 @@ async def test_dev_server_restart_during_the_approval_wait(tmp_path: Path) -> No
             outcome = await turn_outcome(client, "alice", "r1")
         await env.shutdown()
     assert [d.status for d in outcome.decisions] == [DiffStatus.APPROVED]
-    assert stack.service.read_block("alice", "student").fields["name"] == "Alice"
+    assert stack.blocks.read_block("alice", "student").fields["name"] == "Alice"
     stack.close()

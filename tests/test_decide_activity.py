@@ -13,7 +13,8 @@ from temporalio.testing import ActivityEnvironment
 from durable_memory.activities.turn import TurnActivities
 from durable_memory.bootstrap import MemoryStack, open_stack
 from durable_memory.memory.agent.llm import AnthropicModel
-from durable_memory.models.diffs import DiffStatus, PendingDiff
+from durable_memory.memory.store.diffs import DiffStore
+from durable_memory.models.diffs import DiffStatus, PendingDiff, Proposer
 from durable_memory.models.operations import LearnPreference
 from durable_memory.models.turn import DecisionOutcome, DiffDecision
 
@@ -21,7 +22,7 @@ from durable_memory.models.turn import DecisionOutcome, DiffDecision
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[MemoryStack]:
     stack = open_stack(tmp_path / "data", profile="essay_coach")
-    stack.service.ensure_user("alice")
+    stack.blocks.ensure_user("alice")
     yield stack
     stack.close()
 
@@ -35,7 +36,7 @@ def activities(stack: MemoryStack) -> Iterator[TurnActivities]:
 
 def _proposed(stack: MemoryStack) -> PendingDiff:
     op = LearnPreference(preference="Socratic")
-    return stack.service.propose("alice", "human", op, "she asked", "turn:t1")
+    return stack.review.propose("alice", "human", op, "she asked", Proposer.turn("t1"))
 
 
 def _decide(activities: TurnActivities, diff_id: str, kind: str, who: str) -> DecisionOutcome:
@@ -73,21 +74,21 @@ def test_an_uncommitted_approval_is_finished_by_the_next_decider(
     stack: MemoryStack, activities: TurnActivities
 ) -> None:
     diff = _proposed(stack)
-    stack.service.diffs.transition(  # a crash came between recording and committing
+    DiffStore(stack.engine).transition(  # a crash came between recording and committing
         diff.id, "alice", DiffStatus.PENDING, DiffStatus.APPROVED, decided_by="ann"
     )
     lost = _decide(activities, diff.id, "reject", "bob")
     assert lost.status is DiffStatus.APPROVED
-    assert lost.commit_sha == stack.service.git.head("alice")
+    assert lost.commit_sha == stack.git.head("alice")
     assert lost.message.startswith("not applied")
 
 
 def test_a_diff_of_another_user_fails_like_a_missing_one(
     stack: MemoryStack, activities: TurnActivities
 ) -> None:
-    stack.service.ensure_user("bob")
-    bobs = stack.service.propose(
-        "bob", "human", LearnPreference(preference="Brief"), "r", "turn:t1"
+    stack.blocks.ensure_user("bob")
+    bobs = stack.review.propose(
+        "bob", "human", LearnPreference(preference="Brief"), "r", Proposer.turn("t1")
     )
     refusals = []
     for diff_id in (bobs.id, "f" * 32):
@@ -97,4 +98,4 @@ def test_a_diff_of_another_user_fails_like_a_missing_one(
         assert caught.value.type == "UnknownDiff"
         refusals.append(caught.value.message.replace(diff_id, "<id>"))
     assert refusals[0] == refusals[1]
-    assert stack.service.diffs.get(bobs.id, "bob").status is DiffStatus.PENDING
+    assert stack.review.get(bobs.id, "bob").status is DiffStatus.PENDING

@@ -82,7 +82,7 @@ class Told:
 
 def _edited(stack: MemoryStack, diff: PendingDiff) -> str:
     """The block as a reviewer sends it back with the proposal changed."""
-    block = stack.service.read_block(diff.user_id, diff.label)
+    block = stack.blocks.read_block(diff.user_id, diff.label)
     field = "strengths" if diff.label == "student" else "preferences"
     return to_markdown(block.spec, {**block.fields, field: ["Edited by a reviewer"]})
 
@@ -155,7 +155,7 @@ async def test_fifty_concurrent_decisions_one_outcome_each_and_every_answer_true
     }
     async with running_rig(temporal_env.client, settings, SCRIPT) as rig:
         reply = await rig.client.send_message(USER, "a lot happened", turn_id="storm")
-        diffs = [rig.stack.service.diffs.get(d.id, USER) for d in reply.diffs]
+        diffs = [rig.stack.review.get(d.id, USER) for d in reply.diffs]
         assert len(diffs) == 4
         handle = foreign.get_workflow_handle(reply.workflow_id)
 
@@ -219,8 +219,8 @@ async def test_fifty_concurrent_decisions_one_outcome_each_and_every_answer_true
     print("answers by door and kind:", dict(sorted(kinds.items())))
     assert sum(n for k, n in kinds.items() if k.endswith(":lost")) >= 10  # a storm, not a queue
     assert outcome.status is TurnStatus.DONE
-    final = {d.id: rig.stack.service.diffs.get(d.id, USER) for d in diffs}
-    repo = rig.stack.service.git.repo_path(USER)
+    final = {d.id: rig.stack.review.get(d.id, USER) for d in diffs}
+    repo = rig.stack.git.repo_path(USER)
     for diff_id, diff in final.items():
         assert diff.status in (DiffStatus.APPROVED, DiffStatus.REJECTED), diff
         commits = subprocess.run(

@@ -43,7 +43,7 @@ async def test_of_racing_decisions_one_wins_and_every_loser_is_told_the_truth(
         results = await asyncio.gather(*calls, *signals, return_exceptions=True)
         winners = [r for r in results[:8] if isinstance(r, DecisionOutcome)]
         losers = [r for r in results[:8] if isinstance(r, DecisionLost)]
-        stored = rig.stack.service.diffs.get(diff_id, "fay")
+        stored = rig.stack.review.get(diff_id, "fay")
         assert len(winners) + len(losers) == 8, results
         assert len(winners) <= 1  # the signal may have won instead
         for loser in losers:
@@ -56,7 +56,7 @@ async def test_of_racing_decisions_one_wins_and_every_loser_is_told_the_truth(
             assert winners[0].status is stored.status
         if stored.status is DiffStatus.APPROVED:
             assert stored.commit_sha
-            assert len(rig.stack.service.history("fay", "student", 10)) == 2
+            assert len(rig.stack.history.history("fay", "student", 10)) == 2
         outcome = await turn_outcome(rig.client, "fay", "race")
         assert [d.status for d in outcome.decisions] == [stored.status]
 
@@ -99,13 +99,13 @@ async def test_at_the_update_limit_the_client_says_busy_not_decided(
     impatient.busy_first_delay_s = 0.05
     with pytest.raises(DecisionBusy, match="in-flight updates"):
         await impatient.approve(diff_id, "late")
-    assert rig.stack.service.diffs.get(diff_id, "gus").status is DiffStatus.PENDING
+    assert rig.stack.review.get(diff_id, "gus").status is DiffStatus.PENDING
     async with running_rig(temporal_env.client, settings, []) as rig:
         results = await asyncio.gather(*in_flight, return_exceptions=True)
         won = [r for r in results if isinstance(r, DecisionOutcome)]
         assert len(won) == 1, results
         assert all(isinstance(r, DecisionLost) for r in results if r not in won)
-        assert rig.stack.service.diffs.get(diff_id, "gus").decided_by == won[0].decided_by
+        assert rig.stack.review.get(diff_id, "gus").decided_by == won[0].decided_by
         await turn_outcome(rig.client, "gus", "busy")
 
 

@@ -320,7 +320,7 @@ def _held_repository(stack: MemoryStack, user_id: str) -> Iterator[None]:
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with stack.service.git.transaction(user_id):
+        with stack.git.transaction(user_id):
             held.set()
             release.wait()
 
@@ -342,7 +342,7 @@ async def test_an_activity_past_its_timeout_on_every_attempt_ends_the_turn(
     short = ActivitySettings(start_to_close_s=1, retry=retry)
     settings = settings.model_copy(update={"activities": ActivitiesSettings(memory=short)})
     async with running_rig(temporal_env.client, settings, []) as rig:
-        rig.stack.service.ensure_user("alice")
+        rig.stack.blocks.ensure_user("alice")
         with _held_repository(rig.stack, "alice"):
             turn = await _failed_turn(rig, "alice", "t1")
         assert turn.attempts["dmem.prepare_turn"] == 3

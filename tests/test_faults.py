@@ -66,9 +66,9 @@ async def test_sigkill_at_every_activity_boundary(
     settings.memory.data_dir.mkdir(parents=True)
     stack = stack_from_settings(settings)
     backend = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
-    stack.service.ensure_user(user)
+    stack.blocks.ensure_user(user)
     for i in range(2):  # the approval will push the human block over its threshold
-        stack.service.add_context(user, f"earlier note {i} " + "p" * 380, backend)
+        stack.edits.add_context(user, f"earlier note {i} " + "p" * 380, backend)
     client = MemoryClient(temporal_env.client, settings, stack)
     marker = tmp_path / "crashed"
     with ScriptedModelServer(SCRIPT) as model:
@@ -91,16 +91,16 @@ async def test_sigkill_at_every_activity_boundary(
         assert supervisor.deaths == [-9]
         assert len(model.requests) == 2  # once per step, crash or not
     assert [d.status for d in turn.decisions] == [DiffStatus.APPROVED]
-    commits = stack.service.history(user, "human", 50)
+    commits = stack.history.history(user, "human", 50)
     assert len([c for c in commits if c.trailers.get("Diff-Id") == diff_id]) == 1
     assert len([c for c in commits if "Rotation-Of" in c.trailers]) == 1
     assert rotation.rotated
     archived = stack.archive.page(user)
     assert sorted(p.id for p in archived) == sorted(rotation.passage_ids)  # one copy
     assert NOTE in "".join(p.text for p in sorted(archived, key=lambda p: p.chunk))
-    messages = stack.service.recall.turn(user, "f")
+    messages = stack.recall.turn(user, "f")
     assert [m.role.value for m in messages] == ["user", "tool_call", "tool_result", "assistant"]
-    repo = stack.service.git.repo_path(user)
+    repo = stack.git.repo_path(user)
     assert git_status(repo) == ""
     assert_fsck_clean(repo)
     stack.close()

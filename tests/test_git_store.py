@@ -27,7 +27,6 @@ from durable_memory.memory.core.errors import (
     UnknownCommit,
     UnknownUser,
 )
-from durable_memory.memory.service import MemoryService
 from durable_memory.memory.store.block_repository import BlockRepository
 from durable_memory.memory.store.git import (
     CLOCK_SKEW,
@@ -38,6 +37,7 @@ from durable_memory.memory.store.git import (
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.operations import AddContext
 from tests.support.git_checks import assert_fsck_clean
+from tests.support.memory import MemoryRig
 
 ALICE = Author(name="alice", kind=AuthorKind.USER)
 BACKEND = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
@@ -59,12 +59,12 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture
-def svc(sqlite_service: MemoryService) -> MemoryService:
-    sqlite_service.ensure_user("alice")
-    return sqlite_service
+def svc(sqlite_memory: MemoryRig) -> MemoryRig:
+    sqlite_memory.blocks.ensure_user("alice")
+    return sqlite_memory
 
 
-def test_repository_layout_and_authors(svc: MemoryService, data_dir: Path) -> None:
+def test_repository_layout_and_authors(svc: MemoryRig, data_dir: Path) -> None:
     repo = data_dir / "users" / "alice"
     assert sorted(p.name for p in (repo / "blocks").iterdir()) == [
         "engagement_strategy.toml",
@@ -73,8 +73,8 @@ def test_repository_layout_and_authors(svc: MemoryService, data_dir: Path) -> No
         "persona.toml",
         "student.toml",
     ]
-    svc.edit_block("alice", "student", {"name": "Alice"}, ALICE)
-    svc.set_task("alice", "Outline", BACKEND)
+    svc.edits.edit_block("alice", "student", {"name": "Alice"}, ALICE)
+    svc.edits.set_task("alice", "Outline", BACKEND)
     log = _git(repo, "log", "--format=%an <%ae>|%s").splitlines()
     assert log == [
         "tutor-backend <service+tutor-backend@localhost>|Set task in human: Outline",
@@ -83,28 +83,30 @@ def test_repository_layout_and_authors(svc: MemoryService, data_dir: Path) -> No
         "journey, engagement_strategy, human",
     ]
     assert _git(repo, "status", "--porcelain") == ""
-    assert svc.ensure_user("alice") == svc.git.head("alice")  # idempotent
+    assert svc.blocks.ensure_user("alice") == svc.git.head("alice")  # idempotent
 
 
-def test_history_read_at_diff_and_restore(svc: MemoryService) -> None:
-    first = svc.edit_block("alice", "student", {"name": "Alice"}, ALICE)
-    second = svc.edit_block("alice", "student", {"name": "Alicia"}, ALICE)
-    svc.set_task("alice", "Outline", BACKEND)  # another block: not in student's history
-    history = svc.history("alice", "student", 10)
+def test_history_read_at_diff_and_restore(svc: MemoryRig) -> None:
+    first = svc.edits.edit_block("alice", "student", {"name": "Alice"}, ALICE)
+    second = svc.edits.edit_block("alice", "student", {"name": "Alicia"}, ALICE)
+    svc.edits.set_task("alice", "Outline", BACKEND)  # another block: not in student's history
+    history = svc.history.history("alice", "student", 10)
     assert [c.sha for c in history[:2]] == [second, first]
     assert [c.author for c in history] == ["alice", "alice", "durable-memory"]
-    assert svc.history("alice", "student", 1) == history[:1]
-    assert svc.read_at("alice", "student", first)["name"] == "Alice"
-    assert '-name = "Alice"\n+name = "Alicia"' in svc.diff("alice", "student", first, second)
+    assert svc.history.history("alice", "student", 1) == history[:1]
+    assert svc.history.read_at("alice", "student", first)["name"] == "Alice"
+    assert '-name = "Alice"\n+name = "Alicia"' in svc.history.diff(
+        "alice", "student", first, second
+    )
 
-    restored = svc.restore("alice", "student", first[:10], ALICE)
-    assert svc.read_block("alice", "student").fields["name"] == "Alice"
-    after = svc.history("alice", "student", 10)
+    restored = svc.history.restore("alice", "student", first[:10], ALICE)
+    assert svc.blocks.read_block("alice", "student").fields["name"] == "Alice"
+    after = svc.history.history("alice", "student", 10)
     assert [c.sha for c in after[:3]] == [restored, second, first]  # nothing rewritten
     assert after[0].trailers == {"Restored-From": first[:10]}
 
 
-def test_the_git_store_is_the_domains_block_repository(svc: MemoryService) -> None:
+def test_the_git_store_is_the_domains_block_repository(svc: MemoryRig) -> None:
     """The domain sees the store through `BlockRepository` (mypy checks that the git store and
     its transactions satisfy it): through it, a commit is made and found by its trailer."""
     repository: BlockRepository = svc.git
@@ -119,16 +121,16 @@ def test_the_git_store_is_the_domains_block_repository(svc: MemoryService) -> No
     assert repository.users() == ["alice"]
 
 
-def test_bad_history_arguments_are_clear_errors(svc: MemoryService) -> None:
+def test_bad_history_arguments_are_clear_errors(svc: MemoryRig) -> None:
     head = svc.git.head("alice")
     with pytest.raises(UnknownCommit, match="no commit abcdef12"):
-        svc.read_at("alice", "student", "abcdef12")
+        svc.history.read_at("alice", "student", "abcdef12")
     with pytest.raises(InvalidIdentifier, match="invalid commit sha"):
-        svc.restore("alice", "student", "HEAD~1", ALICE)
+        svc.history.restore("alice", "student", "HEAD~1", ALICE)
     with pytest.raises(UnknownUser, match="user 'bob' has no memory"):
-        svc.history("bob", "student")
+        svc.history.history("bob", "student")
     with pytest.raises(DurableMemoryError, match="must be positive"):
-        svc.history("alice", "student", 0)
+        svc.history.history("alice", "student", 0)
     assert svc.git.head("alice") == head
 
 
@@ -163,15 +165,15 @@ HOSTILE_IDS = [
 
 @pytest.mark.parametrize("user_id", HOSTILE_IDS)
 def test_hostile_user_ids_are_refused_and_create_nothing(
-    svc: MemoryService, tmp_path: Path, user_id: str
+    svc: MemoryRig, tmp_path: Path, user_id: str
 ) -> None:
     before = _tree(tmp_path)
     with pytest.raises(InvalidIdentifier, match="invalid user id"):
-        svc.ensure_user(user_id)
+        svc.blocks.ensure_user(user_id)
     with pytest.raises(InvalidIdentifier):
-        svc.read_blocks(user_id)
+        svc.blocks.read_blocks(user_id)
     with pytest.raises(InvalidIdentifier):
-        svc.edit_block(user_id, "student", {"name": "x"}, ALICE)
+        svc.edits.edit_block(user_id, "student", {"name": "x"}, ALICE)
     assert _tree(tmp_path) == before
     assert not Path("/etc/blocks").exists()
 
@@ -179,26 +181,28 @@ def test_hostile_user_ids_are_refused_and_create_nothing(
 @pytest.mark.parametrize(
     "label", ["..", "../human", "Human", "a/b", "", "x" * 49, "hümän", "human\n"]
 )
-def test_hostile_labels_are_refused(svc: MemoryService, tmp_path: Path, label: str) -> None:
+def test_hostile_labels_are_refused(svc: MemoryRig, tmp_path: Path, label: str) -> None:
     before = _tree(tmp_path)
     with pytest.raises(InvalidIdentifier, match="invalid block label"):
-        svc.read_block("alice", label)
+        svc.blocks.read_block("alice", label)
     assert _tree(tmp_path) == before
 
 
 @pytest.mark.parametrize("name", ["", " x", "a<b>", "a\nb", "x" * 101, "tab\there"])
-def test_hostile_author_names_are_refused(svc: MemoryService, tmp_path: Path, name: str) -> None:
+def test_hostile_author_names_are_refused(svc: MemoryRig, tmp_path: Path, name: str) -> None:
     before = _tree(tmp_path)
     with pytest.raises(DurableMemoryError, match="invalid name"):
-        svc.edit_block("alice", "student", {"name": "x"}, Author(name=name, kind=AuthorKind.USER))
+        svc.edits.edit_block(
+            "alice", "student", {"name": "x"}, Author(name=name, kind=AuthorKind.USER)
+        )
     assert _tree(tmp_path) == before
 
 
-def test_concurrent_threads_never_lose_a_write(svc: MemoryService) -> None:
+def test_concurrent_threads_never_lose_a_write(svc: MemoryRig) -> None:
     notes = [f"note {i}" for i in range(24)]
     with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(lambda n: svc.add_context("alice", n, BACKEND), notes))
-    history = svc.history("alice", "human", 100)
+        list(pool.map(lambda n: svc.edits.add_context("alice", n, BACKEND), notes))
+    history = svc.history.history("alice", "human", 100)
     assert len(history) == 25  # 24 notes + creation
     added = {c.message.removeprefix("Add context to human: ") for c in history[:-1]}
     assert added == set(notes)
@@ -208,12 +212,12 @@ def test_concurrent_threads_never_lose_a_write(svc: MemoryService) -> None:
 
 
 def _process_writer(data_dir: str, db_url: str, worker: int) -> None:
-    service = open_stack(data_dir, db_url, "essay_coach").service
+    memory = open_stack(data_dir, db_url, "essay_coach")
     for i in range(5):
-        service.apply_direct("alice", "human", AddContext(note=f"w{worker}-{i}"), BACKEND)
+        memory.edits.apply_direct("alice", "human", AddContext(note=f"w{worker}-{i}"), BACKEND)
 
 
-def test_concurrent_processes_never_lose_a_write(svc: MemoryService, data_dir: Path) -> None:
+def test_concurrent_processes_never_lose_a_write(svc: MemoryRig, data_dir: Path) -> None:
     url = str(svc.diffs.engine.url)
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_process_writer, args=(str(data_dir), url, w)) for w in range(4)]
@@ -222,12 +226,12 @@ def test_concurrent_processes_never_lose_a_write(svc: MemoryService, data_dir: P
     for p in procs:
         p.join(120)
         assert p.exitcode == 0
-    history = svc.history("alice", "human", 100)
+    history = svc.history.history("alice", "human", 100)
     assert len(history) == 21
     assert _git(svc.git.repo_path("alice"), "fsck", "--no-progress").strip() == ""
 
 
-def test_write_interrupted_before_commit_is_rolled_back(svc: MemoryService) -> None:
+def test_write_interrupted_before_commit_is_rolled_back(svc: MemoryRig) -> None:
     """A crash between writing the file and committing leaves a journal; the next writer
     puts the working tree back to HEAD and proceeds."""
     repo = svc.git.repo_path("alice")
@@ -235,14 +239,14 @@ def test_write_interrupted_before_commit_is_rolled_back(svc: MemoryService) -> N
     (repo / ".git" / "dmem-journal").write_text("student", encoding="utf-8")
     (repo / "blocks" / "student.toml").write_text('name = "half written', encoding="utf-8")
     _git(repo, "add", "blocks/student.toml")
-    assert svc.read_block("alice", "student").sha == head  # reads come from HEAD
-    svc.edit_block("alice", "student", {"name": "Alice"}, ALICE)
-    assert svc.read_block("alice", "student").fields["name"] == "Alice"
+    assert svc.blocks.read_block("alice", "student").sha == head  # reads come from HEAD
+    svc.edits.edit_block("alice", "student", {"name": "Alice"}, ALICE)
+    assert svc.blocks.read_block("alice", "student").fields["name"] == "Alice"
     assert _git(repo, "status", "--porcelain") == ""
     assert not (repo / ".git" / "dmem-journal").exists()
 
 
-def test_hand_edits_are_never_overwritten_and_import_validates(svc: MemoryService) -> None:
+def test_hand_edits_are_never_overwritten_and_import_validates(svc: MemoryRig) -> None:
     repo = svc.git.repo_path("alice")
     path = repo / "blocks" / "student.toml"
     head = svc.git.head("alice")
@@ -250,7 +254,7 @@ def test_hand_edits_are_never_overwritten_and_import_validates(svc: MemoryServic
     with pytest.raises(
         HandEditPending, match=re.escape("blocks/student.toml of user 'alice' has changes")
     ):
-        svc.edit_block("alice", "student", {"name": "Bob"}, ALICE)
+        svc.edits.edit_block("alice", "student", {"name": "Bob"}, ALICE)
     with pytest.raises(
         FormatError,
         match=re.escape(
@@ -258,20 +262,20 @@ def test_hand_edits_are_never_overwritten_and_import_validates(svc: MemoryServic
             "field 'strengths' must be a list of strings"
         ),
     ):
-        svc.commit_hand_edits("alice", ALICE)
+        svc.history.commit_hand_edits("alice", ALICE)
     assert svc.git.head("alice") == head
     assert path.read_text(encoding="utf-8") == 'name = "Alice"\nstrengths = ["Grit", 3]\n'
 
     path.write_text('name = "  Alice  "\nstrengths = ["Grit"]\n', encoding="utf-8")
-    sha = svc.commit_hand_edits("alice", ALICE)
+    sha = svc.history.commit_hand_edits("alice", ALICE)
     assert sha is not None
     assert sha != head
-    assert svc.read_block("alice", "student").fields["name"] == "Alice"
+    assert svc.blocks.read_block("alice", "student").fields["name"] == "Alice"
     assert _git(repo, "status", "--porcelain") == ""
-    assert svc.commit_hand_edits("alice", ALICE) is None
+    assert svc.history.commit_hand_edits("alice", ALICE) is None
 
 
-def test_invalid_committed_block_is_a_clear_error(svc: MemoryService) -> None:
+def test_invalid_committed_block_is_a_clear_error(svc: MemoryRig) -> None:
     """Someone committed a broken block with plain git: reads say which file and why."""
     repo = svc.git.repo_path("alice")
     (repo / "blocks" / "journey.toml").write_text('stage = "sleeping"\n', encoding="utf-8")
@@ -281,36 +285,38 @@ def test_invalid_committed_block_is_a_clear_error(svc: MemoryService) -> None:
         match=r"users/alice/blocks/journey.toml at [0-9a-f]{12}: "
         "block 'journey': field 'stage' must be one of",
     ):
-        svc.read_block("alice", "journey")
+        svc.blocks.read_block("alice", "journey")
 
 
-def test_user_repositories_are_separate(svc: MemoryService, data_dir: Path) -> None:
-    svc.ensure_user("bob")
-    svc.edit_block("bob", "student", {"name": "Bob"}, Author(name="bob", kind=AuthorKind.USER))
-    assert svc.read_block("alice", "student").fields["name"] is None
+def test_user_repositories_are_separate(svc: MemoryRig, data_dir: Path) -> None:
+    svc.blocks.ensure_user("bob")
+    svc.edits.edit_block(
+        "bob", "student", {"name": "Bob"}, Author(name="bob", kind=AuthorKind.USER)
+    )
+    assert svc.blocks.read_block("alice", "student").fields["name"] is None
     assert sorted(os.listdir(data_dir / "users")) == ["alice", "bob"]
     assert svc.git.users() == ["alice", "bob"]
 
 
-def test_concurrent_threads_on_different_users_never_collide(svc: MemoryService) -> None:
+def test_concurrent_threads_on_different_users_never_collide(svc: MemoryRig) -> None:
     """Regression: GitPython's IndexFile.add chdirs the whole process, so two threads staging
     in different users' repositories resolved each other's paths. Staging is `git add` now."""
     users = [f"user{i}" for i in range(8)]
     for user in users:
-        svc.ensure_user(user)
+        svc.blocks.ensure_user(user)
 
     def write(user: str) -> None:
         for n in range(5):
-            svc.add_context(user, f"{user} note {n}", BACKEND)
+            svc.edits.add_context(user, f"{user} note {n}", BACKEND)
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(write, users))
     for user in users:
-        assert len(svc.history(user, "human", 50)) == 6
+        assert len(svc.history.history(user, "human", 50)) == 6
         assert _git(svc.git.repo_path(user), "status", "--porcelain") == ""
 
 
-def test_changes_staged_by_hand_are_never_committed_with_ours(svc: MemoryService) -> None:
+def test_changes_staged_by_hand_are_never_committed_with_ours(svc: MemoryRig) -> None:
     """A hand edit staged with `git add` would ride along in the index with our next commit of
     any block: the write is refused, and nothing changes, until it is imported or unstaged."""
     repo = svc.git.repo_path("alice")
@@ -321,23 +327,21 @@ def test_changes_staged_by_hand_are_never_committed_with_ours(svc: MemoryService
         HandEditPending,
         match=re.escape("blocks/journey.toml of user 'alice' has changes staged by hand"),
     ):
-        svc.edit_block("alice", "student", {"name": "Bob"}, ALICE)
+        svc.edits.edit_block("alice", "student", {"name": "Bob"}, ALICE)
     assert svc.git.head("alice") == head
     assert _git(repo, "status", "--porcelain") == status
     _git(repo, "reset", "-q", "blocks/journey.toml")
     _git(repo, "checkout", "--", "blocks/journey.toml")
-    svc.edit_block("alice", "student", {"name": "Bob"}, ALICE)
+    svc.edits.edit_block("alice", "student", {"name": "Bob"}, ALICE)
     assert _git(repo, "show", "--stat", "--format=", "HEAD").split()[0] == "blocks/student.toml"
 
 
-def test_cached_reads_match_git_after_every_kind_of_write(
-    svc: MemoryService, data_dir: Path
-) -> None:
+def test_cached_reads_match_git_after_every_kind_of_write(svc: MemoryRig, data_dir: Path) -> None:
     """Blocks are cached per commit: what the cache holds after our own commits, a restore and
     a commit made with plain git must equal what a cold store reads from the repository."""
-    first = svc.edit_block("alice", "student", {"name": "Alice"}, ALICE)
-    svc.set_task("alice", "Outline", BACKEND)
-    svc.restore("alice", "student", first, ALICE)
+    first = svc.edits.edit_block("alice", "student", {"name": "Alice"}, ALICE)
+    svc.edits.set_task("alice", "Outline", BACKEND)
+    svc.history.restore("alice", "student", first, ALICE)
     repo = svc.git.repo_path("alice")
     (repo / "blocks" / "persona.toml").write_text(
         (repo / "blocks" / "persona.toml").read_text(encoding="utf-8"), encoding="utf-8"
@@ -365,18 +369,18 @@ def test_cached_reads_match_git_after_every_kind_of_write(
     assert svc.git.head_info("alice") == cold.head_info("alice")
 
 
-def test_another_writer_is_seen_at_once(svc: MemoryService, data_dir: Path) -> None:
+def test_another_writer_is_seen_at_once(svc: MemoryRig, data_dir: Path) -> None:
     """Two stores on one data dir (two worker processes): each reads the other's commits."""
-    other = MemoryService(svc.profile, GitBlockStore(data_dir), svc.diffs, svc.recall)
+    other = MemoryRig.open(svc.profile, GitBlockStore(data_dir), svc.diffs, svc.recall)
     for n in range(3):
-        svc.edit_block("alice", "student", {"name": f"A{n}"}, ALICE)
-        assert other.read_block("alice", "student").fields["name"] == f"A{n}"
-        other.edit_block("alice", "student", {"name": f"B{n}"}, ALICE)
-        assert svc.read_block("alice", "student").fields["name"] == f"B{n}"
+        svc.edits.edit_block("alice", "student", {"name": f"A{n}"}, ALICE)
+        assert other.blocks.read_block("alice", "student").fields["name"] == f"A{n}"
+        other.edits.edit_block("alice", "student", {"name": f"B{n}"}, ALICE)
+        assert svc.blocks.read_block("alice", "student").fields["name"] == f"B{n}"
 
 
-def test_trailer_walk_is_bounded_by_the_time_given(svc: MemoryService) -> None:
-    svc.add_context("alice", "a note", BACKEND)
+def test_trailer_walk_is_bounded_by_the_time_given(svc: MemoryRig) -> None:
+    svc.edits.add_context("alice", "a note", BACKEND)
     with svc.git.transaction("alice") as tx:
         tx.commit({}, format_message("Mark", "", {"Diff-Id": "d1"}), BACKEND, allow_empty=True)
     now = datetime.now(UTC)
@@ -389,15 +393,17 @@ def test_trailer_walk_is_bounded_by_the_time_given(svc: MemoryService) -> None:
 
 
 def _process_creator(data_dir: str, db_url: str, start: EventType) -> None:
-    service = open_stack(data_dir, db_url, "essay_coach").service
+    memory = open_stack(data_dir, db_url, "essay_coach")
     start.wait()
     for n in range(3):
-        service.ensure_user("newcomer")
-        service.apply_direct("newcomer", "human", AddContext(note=f"{os.getpid()}-{n}"), BACKEND)
+        memory.blocks.ensure_user("newcomer")
+        memory.edits.apply_direct(
+            "newcomer", "human", AddContext(note=f"{os.getpid()}-{n}"), BACKEND
+        )
 
 
 def test_a_new_users_first_turns_racing_create_one_repository(
-    svc: MemoryService, data_dir: Path
+    svc: MemoryRig, data_dir: Path
 ) -> None:
     """Regression: concurrent `git init` of one new user failed ('could not lock config file')
     or opened a half-initialised repository. Creation is now an atomic rename."""
@@ -411,7 +417,7 @@ def test_a_new_users_first_turns_racing_create_one_repository(
         p.start()
     start.set()
     with ThreadPoolExecutor(max_workers=4) as pool:
-        heads = list(pool.map(lambda _: svc.ensure_user("newcomer"), range(4)))
+        heads = list(pool.map(lambda _: svc.blocks.ensure_user("newcomer"), range(4)))
     for p in procs:
         p.join(120)
         assert p.exitcode == 0
@@ -426,13 +432,13 @@ def test_a_new_users_first_turns_racing_create_one_repository(
 
 
 def test_a_user_directory_that_is_not_a_repository_is_a_clear_error(
-    svc: MemoryService, data_dir: Path
+    svc: MemoryRig, data_dir: Path
 ) -> None:
     (data_dir / "users" / "squatter").mkdir()
     (data_dir / "users" / "squatter" / "notes.txt").write_text("mine", encoding="utf-8")
     before = _tree(data_dir)
     with pytest.raises(DurableMemoryError, match="exists and is not a git repository"):
-        svc.ensure_user("squatter")
+        svc.blocks.ensure_user("squatter")
     assert _tree(data_dir) == before
 
 
@@ -449,9 +455,9 @@ def _empty(path: Path) -> None:
     path.write_bytes(b"")
 
 
-def _restarted(svc: MemoryService, data_dir: Path) -> MemoryService:
+def _restarted(svc: MemoryRig, data_dir: Path) -> MemoryRig:
     """The service of a process started after the crash: nothing cached."""
-    return MemoryService(svc.profile, GitBlockStore(data_dir), svc.diffs, svc.recall)
+    return MemoryRig.open(svc.profile, GitBlockStore(data_dir), svc.diffs, svc.recall)
 
 
 GIT_LOCKS = [
@@ -468,13 +474,13 @@ GIT_LOCKS = [
 
 @pytest.mark.parametrize("lock", GIT_LOCKS)
 def test_stale_git_lock_files_of_a_killed_writer_are_removed(
-    svc: MemoryService, lock: str, caplog: pytest.LogCaptureFixture
+    svc: MemoryRig, lock: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     repo = svc.git.repo_path("alice")
     history = _git(repo, "rev-list", "HEAD").split()
     (repo / ".git" / lock).write_bytes(b"")  # git was killed holding it
     with caplog.at_level(logging.WARNING, logger="durable_memory.memory.store.git"):
-        sha = svc.edit_block("alice", "student", {"name": "Alice"}, ALICE)
+        sha = svc.edits.edit_block("alice", "student", {"name": "Alice"}, ALICE)
     assert not (repo / ".git" / lock).exists()
     assert f"user 'alice': removed the stale git lock file .git/{lock}" in caplog.text
     assert _git(repo, "rev-list", "HEAD").split() == [sha, *history]
@@ -483,13 +489,13 @@ def test_stale_git_lock_files_of_a_killed_writer_are_removed(
 
 @pytest.mark.parametrize("lost", ["commit", "blob"])
 def test_a_commit_whose_data_never_reached_the_disk_is_rolled_back(
-    svc: MemoryService, data_dir: Path, lost: str, caplog: pytest.LogCaptureFixture
+    svc: MemoryRig, data_dir: Path, lost: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Power lost after the ref was updated but before the new commit's objects were on disk:
     the next process resets the branch to the newest readable commit and builds on that."""
     repo = svc.git.repo_path("alice")
-    kept = svc.edit_block("alice", "student", {"name": "Alice"}, ALICE)
-    gone = svc.edit_block("alice", "student", {"name": "Bob"}, ALICE)
+    kept = svc.edits.edit_block("alice", "student", {"name": "Alice"}, ALICE)
+    gone = svc.edits.edit_block("alice", "student", {"name": "Bob"}, ALICE)
     _empty(
         _object_file(
             repo,
@@ -500,20 +506,20 @@ def test_a_commit_whose_data_never_reached_the_disk_is_rolled_back(
     )
     restarted = _restarted(svc, data_dir)
     with caplog.at_level(logging.WARNING, logger="durable_memory.memory.store.git"):
-        assert restarted.read_block("alice", "student").fields["name"] == "Alice"
+        assert restarted.blocks.read_block("alice", "student").fields["name"] == "Alice"
     assert f"user 'alice': reset refs/heads/main to {kept}" in caplog.text
-    new = restarted.edit_block("alice", "student", {"name": "Carol"}, ALICE)
+    new = restarted.edits.edit_block("alice", "student", {"name": "Carol"}, ALICE)
     assert _git(repo, "rev-parse", f"{new}^").strip() == kept
-    assert len(restarted.history("alice", "student", 10)) == 3  # creation, Alice, Carol
+    assert len(restarted.history.history("alice", "student", 10)) == 3  # creation, Alice, Carol
     assert_fsck_clean(repo)
 
 
 @pytest.mark.parametrize("ref_text", ["", "3f2a9c", "not a sha at all\n", "\udcff\x00\x00"])
 def test_a_torn_ref_file_is_restored_from_the_reflog(
-    svc: MemoryService, data_dir: Path, ref_text: str
+    svc: MemoryRig, data_dir: Path, ref_text: str
 ) -> None:
     repo = svc.git.repo_path("alice")
-    head = svc.edit_block("alice", "student", {"name": "Alice"}, ALICE)
+    head = svc.edits.edit_block("alice", "student", {"name": "Alice"}, ALICE)
     history = _git(repo, "rev-list", "HEAD")
     (repo / ".git" / "refs" / "heads" / "main").write_bytes(
         ref_text.encode("utf-8", errors="surrogateescape")
@@ -521,17 +527,17 @@ def test_a_torn_ref_file_is_restored_from_the_reflog(
     restarted = _restarted(svc, data_dir)
     assert restarted.git.head("alice") == head  # nothing lost: the commit itself is intact
     assert _git(repo, "rev-list", "HEAD") == history
-    restarted.edit_block("alice", "student", {"name": "Bob"}, ALICE)
+    restarted.edits.edit_block("alice", "student", {"name": "Bob"}, ALICE)
     assert_fsck_clean(repo)
 
 
 def test_a_corrupt_object_left_by_a_killed_write_is_never_reused(
-    svc: MemoryService, data_dir: Path
+    svc: MemoryRig, data_dir: Path
 ) -> None:
     """git never rewrites an object file that exists: an empty one left by a write that was
     killed would be reused by the next commit of the same content, and that commit broken."""
-    svc.ensure_user("bob")
-    svc.edit_block("bob", "student", {"name": "Alice"}, ALICE)
+    svc.blocks.ensure_user("bob")
+    svc.edits.edit_block("bob", "student", {"name": "Alice"}, ALICE)
     blob = _git(svc.git.repo_path("bob"), "rev-parse", "HEAD:blocks/student.toml").strip()
     repo = svc.git.repo_path("alice")
     head = svc.git.head("alice")
@@ -539,20 +545,20 @@ def test_a_corrupt_object_left_by_a_killed_write_is_never_reused(
     stale.parent.mkdir(exist_ok=True)
     stale.write_bytes(b"")
     (repo / ".git" / "dmem-journal").write_text(f"base={head}\nstudent", encoding="utf-8")
-    sha = _restarted(svc, data_dir).edit_block("alice", "student", {"name": "Alice"}, ALICE)
+    sha = _restarted(svc, data_dir).edits.edit_block("alice", "student", {"name": "Alice"}, ALICE)
     assert _git(repo, "rev-parse", f"{sha}:blocks/student.toml").strip() == blob
-    assert _restarted(svc, data_dir).read_block("alice", "student").fields["name"] == "Alice"
+    assert _restarted(svc, data_dir).blocks.read_block("alice", "student").fields["name"] == "Alice"
     assert_fsck_clean(repo)
 
 
 def test_a_repository_with_nothing_readable_left_is_a_clear_error(
-    svc: MemoryService, data_dir: Path
+    svc: MemoryRig, data_dir: Path
 ) -> None:
     repo = svc.git.repo_path("alice")
     (repo / ".git" / "refs" / "heads" / "main").write_text("garbage", encoding="utf-8")
     shutil.rmtree(repo / ".git" / "logs")
     with pytest.raises(DamagedRepository, match="the memory of user 'alice' is damaged"):
-        _restarted(svc, data_dir).read_blocks("alice")
+        _restarted(svc, data_dir).blocks.read_blocks("alice")
 
 
 def _commit_forever(data_dir: str, started: EventType) -> None:
@@ -568,7 +574,7 @@ KILLS = 40
 
 
 def test_sigkill_at_random_instants_never_leaves_a_repository_unusable(
-    svc: MemoryService, data_dir: Path
+    svc: MemoryRig, data_dir: Path
 ) -> None:
     """A writer SIGKILLed anywhere (in our code, in `git add`, in `git commit`): after each
     kill the next commit succeeds, `git fsck --strict` is clean and no commit is lost."""
@@ -598,7 +604,7 @@ def test_sigkill_at_random_instants_never_leaves_a_repository_unusable(
     assert interrupted > 0
 
 
-def test_a_torn_head_file_is_pointed_back_at_the_branch(svc: MemoryService, data_dir: Path) -> None:
+def test_a_torn_head_file_is_pointed_back_at_the_branch(svc: MemoryRig, data_dir: Path) -> None:
     repo = svc.git.repo_path("alice")
     head = svc.git.head("alice")
     (repo / ".git" / "HEAD").write_bytes(b"ref: refs/he")

@@ -58,15 +58,15 @@ def no_hang(seconds: int = 20) -> Iterator[None]:
 def stack(tmp_path: Path) -> Iterator[MemoryStack]:
     stack = open_stack(tmp_path / "data", profile="essay_coach")
     for user in ("alice", "bob"):
-        stack.service.ensure_user(user)
-    stack.service.edit_block("alice", "student", {"name": "Alice"}, ALICE)
-    stack.service.edit_block("bob", "student", {"name": SECRET}, ALICE)
+        stack.blocks.ensure_user(user)
+    stack.edits.edit_block("alice", "student", {"name": "Alice"}, ALICE)
+    stack.edits.edit_block("bob", "student", {"name": SECRET}, ALICE)
     yield stack
     stack.close()
 
 
 def _cli(stack: MemoryStack, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
-    code = main(["--data-dir", str(stack.service.git.data_dir), "--profile", "essay_coach", *args])
+    code = main(["--data-dir", str(stack.git.data_dir), "--profile", "essay_coach", *args])
     out, err = capsys.readouterr()
     assert SECRET not in out + err
     return code, err
@@ -147,8 +147,8 @@ def test_hostile_working_tree_files_are_refused(
     case: str,
 ) -> None:
     make, why = WORKING_TREE[case]
-    service = stack.service
-    make(service.git.repo_path("alice") / "blocks" / "student.toml", tmp_path)
+    memory = stack
+    make(memory.git.repo_path("alice") / "blocks" / "student.toml", tmp_path)
     before = snapshot(stack)
     shown = "users/alice/blocks" if "blocks dir" in case else "users/alice/blocks/student.toml"
     editor = tmp_path / "editor.sh"
@@ -157,10 +157,10 @@ def test_hostile_working_tree_files_are_refused(
     monkeypatch.setenv("EDITOR", str(editor))
     with no_hang():
         # Reads come from HEAD: the file in the working tree is neither read nor followed.
-        assert service.read_block("alice", "student").fields["name"] == "Alice"
+        assert memory.blocks.read_block("alice", "student").fields["name"] == "Alice"
         writes: list[Callable[[], object]] = [
-            lambda: service.commit_hand_edits("alice", ALICE),
-            lambda: service.edit_block("alice", "student", {"name": "Eve"}, ALICE),
+            lambda: memory.history.commit_hand_edits("alice", ALICE),
+            lambda: memory.edits.edit_block("alice", "student", {"name": "Eve"}, ALICE),
         ]
         for write in writes:
             with pytest.raises(UnsafeFile) as refused:
@@ -171,7 +171,7 @@ def test_hostile_working_tree_files_are_refused(
         for command in (("import", "alice", "--as", "alice"), ("edit", "alice", "student")):
             _assert_one_line_error(*_cli(stack, capsys, *command), shown, why)
     assert snapshot(stack) == before
-    assert service.read_block("bob", "student").fields["name"] == SECRET  # bob untouched
+    assert memory.blocks.read_block("bob", "student").fields["name"] == SECRET  # bob untouched
 
 
 def test_editor_output_that_is_not_utf8_is_refused(
@@ -218,19 +218,19 @@ def test_a_user_directory_leading_elsewhere_is_refused(
     stack: MemoryStack, capsys: pytest.CaptureFixture[str], case: str
 ) -> None:
     make, message = USER_DIRS[case]
-    make(stack.service.git.users_dir)
+    make(stack.git.users_dir)
     before = snapshot(stack)
     for call in (
-        lambda: stack.service.read_blocks("carol"),
-        lambda: stack.service.ensure_user("carol"),
-        lambda: stack.service.commit_hand_edits("carol", ALICE),
+        lambda: stack.blocks.read_blocks("carol"),
+        lambda: stack.blocks.ensure_user("carol"),
+        lambda: stack.history.commit_hand_edits("carol", ALICE),
     ):
         with pytest.raises(UnsafeFile, match=message):
             call()
     for command in (("blocks", "carol"), ("import", "carol", "--as", "carol")):
         _assert_one_line_error(*_cli(stack, capsys, *command), message)
     assert snapshot(stack) == before
-    assert "carol" not in stack.service.git.users()
+    assert "carol" not in stack.git.users()
 
 
 # -- what was committed: HEAD's tree --------------------------------------------------------
@@ -296,16 +296,16 @@ def test_symlinks_submodules_and_bad_bytes_committed_in_the_tree_are_refused(
     stack: MemoryStack, capsys: pytest.CaptureFixture[str], case: str
 ) -> None:
     make, path, why = COMMITTED[case]
-    repo = stack.service.git.repo_path("alice")
+    repo = stack.git.repo_path("alice")
     make(repo)
     head = _git(repo, "rev-parse", "HEAD").strip()
     before = snapshot(stack)
     message = f"users/alice/{path} at {head[:12]} {why}"
     for call in (
-        lambda: stack.service.read_blocks("alice"),
-        lambda: stack.service.read_block("alice", "student"),
-        lambda: stack.service.commit_hand_edits("alice", ALICE),
-        lambda: stack.service.edit_block("alice", "student", {"name": "Eve"}, ALICE),
+        lambda: stack.blocks.read_blocks("alice"),
+        lambda: stack.blocks.read_block("alice", "student"),
+        lambda: stack.history.commit_hand_edits("alice", ALICE),
+        lambda: stack.edits.edit_block("alice", "student", {"name": "Eve"}, ALICE),
         lambda: stack.compile("alice"),
     ):
         with pytest.raises(UnsafeFile) as refused:
@@ -324,14 +324,14 @@ def test_unknown_files_in_blocks_are_reported_not_ignored(
 ) -> None:
     """Import refuses while blocks/ holds anything but the profile's `<label>.toml` files (the
     person meant something by them); a commit made by hand that added one is logged on read."""
-    blocks = stack.service.git.repo_path("alice") / "blocks"
+    blocks = stack.git.repo_path("alice") / "blocks"
     (blocks / "student.toml").write_text('name = "Alicia"\n', encoding="utf-8")
     (blocks / "notes.txt").write_text("remember", encoding="utf-8")
     (blocks / "diary.toml").write_text('value = "x"\n', encoding="utf-8")
     (blocks / "old").mkdir()
     before = snapshot(stack)
     with pytest.raises(UnsafeFile) as refused:
-        stack.service.commit_hand_edits("alice", ALICE)
+        stack.history.commit_hand_edits("alice", ALICE)
     listed = "'diary.toml', 'notes.txt', 'old'"
     assert "users/alice/blocks holds files that are not blocks of profile" in str(refused.value)
     assert listed in str(refused.value)
@@ -342,9 +342,9 @@ def test_unknown_files_in_blocks_are_reported_not_ignored(
     _git(repo, "add", "blocks/notes.txt")
     _git(repo, "commit", "-q", "-m", "notes by hand")
     (blocks / "student.toml").write_text('name = "Alice"\n', encoding="utf-8")
-    fresh = open_stack(stack.service.git.data_dir, profile="essay_coach")  # nothing cached
+    fresh = open_stack(stack.git.data_dir, profile="essay_coach")  # nothing cached
     with caplog.at_level("WARNING", logger="durable_memory.memory.store.git"):
-        assert fresh.service.read_block("alice", "student").fields["name"] == "Alice"
+        assert fresh.blocks.read_block("alice", "student").fields["name"] == "Alice"
     assert "blocks/notes.txt is not a block file (blocks/<label>.toml): not read" in caplog.text
     fresh.close()
 
@@ -360,9 +360,9 @@ async def test_a_turn_on_a_hostile_repository_fails_cleanly_and_the_next_succeed
     turn of that user succeeds."""
     settings = rig_settings(tmp_path / "data")
     async with running_rig(temporal_env.client, settings, [{"text": "Hello again."}]) as rig:
-        service = rig.stack.service
-        service.ensure_user("alice")
-        repo = service.git.repo_path("alice")
+        memory = rig.stack
+        memory.blocks.ensure_user("alice")
+        repo = memory.git.repo_path("alice")
         _commit_entry(repo, "blocks/student.toml", "120000", _blob(repo, b"/etc/passwd"))
         before = snapshot(rig.stack)
         with pytest.raises(DurableMemoryError) as told:

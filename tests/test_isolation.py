@@ -11,17 +11,17 @@ from sqlalchemy import Engine, inspect, text
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.memory.core.errors import UnknownDiff
-from durable_memory.memory.service import MemoryService
 from durable_memory.memory.store.db import make_engine
 from durable_memory.memory.store.turns import TurnStore
 from durable_memory.models.context import CompiledContext, ContextWindowOverview
-from durable_memory.models.diffs import DiffStatus
+from durable_memory.models.diffs import DiffStatus, Proposer
 from durable_memory.models.llm import ModelReply, TextBlock
 from durable_memory.models.operations import AddItem, LearnPreference
 from tests.support.agent_helpers import edit_block
+from tests.support.memory import MemoryRig
 from tests.support.temporal_helpers import rig_settings, running_rig
 
-TURN = "turn:t1"
+TURN = Proposer.turn("t1")
 
 
 def _context(system: str) -> CompiledContext:
@@ -98,14 +98,18 @@ def test_old_turn_tables_are_migrated_on_open(engine: Engine) -> None:
 
 
 def test_a_diff_of_another_user_is_indistinguishable_from_a_missing_one(
-    service: MemoryService,
+    memory: MemoryRig,
 ) -> None:
-    service.ensure_user("alice")
-    service.ensure_user("bob")
-    diff = service.propose("alice", "student", AddItem(field="strengths", value="Grit"), "r", TURN)
-    newer = service.propose("alice", "student", AddItem(field="strengths", value="Wit"), "r", TURN)
+    memory.blocks.ensure_user("alice")
+    memory.blocks.ensure_user("bob")
+    diff = memory.review.propose(
+        "alice", "student", AddItem(field="strengths", value="Grit"), "r", TURN
+    )
+    newer = memory.review.propose(
+        "alice", "student", AddItem(field="strengths", value="Wit"), "r", TURN
+    )
     missing = "f" * 32
-    before = (service.diffs.list("alice"), service.git.head("alice"), service.git.head("bob"))
+    before = (memory.diffs.list("alice"), memory.git.head("alice"), memory.git.head("bob"))
 
     def refusal(diff_id: str, call: Any) -> str:
         with pytest.raises(UnknownDiff) as caught:
@@ -113,35 +117,35 @@ def test_a_diff_of_another_user_is_indistinguishable_from_a_missing_one(
         return str(caught.value).replace(diff_id, "<id>")
 
     attempts = [
-        lambda d: service.diffs.get(d, "bob"),
-        lambda d: service.approve(d, "bob", user_id="bob"),
-        lambda d: service.reject(d, "bob", "no", user_id="bob"),
-        lambda d: service.expire(d, "bob"),
-        lambda d: service.commit_approved(d, "bob"),
-        lambda d: service.preview(d, "bob"),
+        lambda d: memory.diffs.get(d, "bob"),
+        lambda d: memory.review.approve(d, "bob", user_id="bob"),
+        lambda d: memory.review.reject(d, "bob", "no", user_id="bob"),
+        lambda d: memory.review.expire(d, "bob"),
+        lambda d: memory.review.commit_approved(d, "bob"),
+        lambda d: memory.review.preview(d, "bob"),
     ]
     for attempt in attempts:
         assert refusal(newer.id, attempt) == refusal(missing, attempt)
-    assert service.diffs.find(newer.id, "bob") is None
-    assert service.diffs.superseded_by("bob", [newer.id]) == []
-    assert (service.diffs.list("alice"), service.git.head("alice"), service.git.head("bob")) == (
+    assert memory.diffs.find(newer.id, "bob") is None
+    assert memory.diffs.superseded_by("bob", [newer.id]) == []
+    assert (memory.diffs.list("alice"), memory.git.head("alice"), memory.git.head("bob")) == (
         before
     )
 
-    assert service.diffs.find(newer.id, "alice") == newer
-    assert [d.id for d in service.diffs.superseded_by("alice", [newer.id])] == [diff.id]
+    assert memory.diffs.find(newer.id, "alice") == newer
+    assert [d.id for d in memory.diffs.superseded_by("alice", [newer.id])] == [diff.id]
 
 
-def test_same_tool_call_in_two_users_turns_proposes_two_diffs(service: MemoryService) -> None:
+def test_same_tool_call_in_two_users_turns_proposes_two_diffs(memory: MemoryRig) -> None:
     """Tool diff ids derive from (user, turn, call): the same ids in bob's turn are his."""
-    service.ensure_user("alice")
-    service.ensure_user("bob")
+    memory.blocks.ensure_user("alice")
+    memory.blocks.ensure_user("bob")
     op = LearnPreference(preference="Socratic")
-    alice = service.propose("alice", "human", op, "r", TURN, diff_id="a" * 32)
+    alice = memory.review.propose("alice", "human", op, "r", TURN, diff_id="a" * 32)
     # Proposing again under the same id returns the stored diff only to its own user.
-    assert service.propose("alice", "human", op, "r", TURN, diff_id="a" * 32) == alice
-    assert service.diffs.find("a" * 32, "bob") is None
-    assert service.pending("bob") == []
+    assert memory.review.propose("alice", "human", op, "r", TURN, diff_id="a" * 32) == alice
+    assert memory.diffs.find("a" * 32, "bob") is None
+    assert memory.review.pending("bob") == []
 
 
 async def test_two_users_sending_the_same_turn_id_get_their_own_turns(
@@ -165,23 +169,23 @@ async def test_two_users_sending_the_same_turn_id_get_their_own_turns(
         assert ["Hi, I'm Alice" in a for a in asked] == [True, True, False, False]
         assert ["Hi, I'm Bob" in a for a in asked] == [False, False, True, True]
 
-        service = rig.stack.service
+        stack = rig.stack
         [alice_diff], [bob_diff] = alice.diffs, bob.diffs
         assert alice_diff.id != bob_diff.id
-        assert service.diffs.get(alice_diff.id, "alice").effective_operation.model_dump()[
+        assert stack.review.get(alice_diff.id, "alice").effective_operation.model_dump()[
             "value"
         ] == ("Alice")
-        assert service.diffs.get(bob_diff.id, "bob").effective_operation.model_dump()["value"] == (
+        assert stack.review.get(bob_diff.id, "bob").effective_operation.model_dump()["value"] == (
             "Bob"
         )
-        assert service.recall.turn("bob", "t1")[0].content == "Hi, I'm Bob"
+        assert stack.recall.turn("bob", "t1")[0].content == "Hi, I'm Bob"
         with pytest.raises(UnknownDiff):
             await rig.client.approve(alice_diff.id, "bob", user_id="bob")
 
         approved = await rig.client.approve(bob_diff.id, "ms-rivera", user_id="bob")
         assert approved is not None
         assert approved.status is DiffStatus.APPROVED
-        assert service.read_block("bob", "student").fields["name"] == "Bob"
-        assert service.read_block("alice", "student").fields["name"] is None
-        assert service.diffs.get(alice_diff.id, "alice").status is DiffStatus.PENDING
+        assert stack.blocks.read_block("bob", "student").fields["name"] == "Bob"
+        assert stack.blocks.read_block("alice", "student").fields["name"] is None
+        assert stack.review.get(alice_diff.id, "alice").status is DiffStatus.PENDING
         await rig.client.reject(alice_diff.id, "ms-rivera", "not now", user_id="alice")

@@ -35,6 +35,7 @@ from temporalio.testing import WorkflowEnvironment
 from durable_memory.bootstrap import stack_from_settings
 from durable_memory.client import DecisionNotApplied, MemoryClient
 from durable_memory.config import Settings
+from durable_memory.memory.store.diffs import DiffStore
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.recall import MessageRole
 from durable_memory.models.turn import (
@@ -242,7 +243,7 @@ class Campaign:
         edited = None
         if kind == "edit":  # the reviewer writes the task instead of the proposed note
             current = await asyncio.to_thread(
-                client.stack.service.render, user_id, "human", "markdown"
+                client.stack.blocks.render, user_id, "human", "markdown"
             )
             task = reviewed_task(user_id, turn_id)
             edited = REVIEWED_TASK.sub(lambda m: f"{m[1]}{task}\n\n", current, count=1)
@@ -324,13 +325,13 @@ def check_repository(ledger: Ledger, repo: Path) -> None:
 
 def check_diffs(ledger: Ledger, client: MemoryClient, user_id: str) -> Counter[str]:
     """One commit per approved diff, none for any other; every caller told the truth."""
-    repo = client.stack.service.git.repo_path(user_id)
+    repo = client.stack.git.repo_path(user_id)
     commits_of: dict[str, list[str]] = {}
     for line in git(ledger, repo, "log", "--format=%H %(trailers:key=Diff-Id,valueonly)", "HEAD"):
         sha, *named = line.split()
         for diff_id in named:
             commits_of.setdefault(diff_id, []).append(sha)
-    diffs = client.stack.service.diffs.list(user_id, None, limit=10_000)
+    diffs = DiffStore(client.stack.engine).list(user_id, None, limit=10_000)
     statuses: Counter[str] = Counter()
     for diff in diffs:
         where = f"{user_id} diff {diff.id} ({diff.status.value})"
@@ -371,7 +372,7 @@ def check_diffs(ledger: Ledger, client: MemoryClient, user_id: str) -> Counter[s
             ledger.problem(where, f"after {decision.kind} it is {diff.status.value}")
         elif diff.status is DiffStatus.APPROVED and diff.commit_sha:
             try:
-                committed = client.stack.service.read_at(user_id, "human", diff.commit_sha)
+                committed = client.stack.history.read_at(user_id, "human", diff.commit_sha)
             except Exception as error:  # a broken repository is a finding, not a test crash
                 ledger.problem(where, f"its commit cannot be read: {error!r}")
                 continue
@@ -394,7 +395,7 @@ def check_diffs(ledger: Ledger, client: MemoryClient, user_id: str) -> Counter[s
 def check_recall(ledger: Ledger, client: MemoryClient, user_id: str) -> None:
     """Each message sent is in recall exactly once, and each turn that replied holds its own
     messages: the user's, the note proposed, its result and the reply, once each."""
-    recall = client.stack.service.recall
+    recall = client.stack.recall
     sent = {turn: text for (user, turn), text in ledger.sent.items() if user == user_id}
     for turn_id, text in sent.items():
         where = f"{user_id}/{turn_id} recall"
@@ -445,7 +446,7 @@ async def check_workflows(ledger: Ledger, client: MemoryClient) -> Counter[str]:
             outcome: RotationOutcome = await bounded(handle.result())
             if outcome.rotated and outcome.commit_sha:
                 rotated.append(outcome.commit_sha)
-        repo = client.stack.service.git.repo_path(user_id)
+        repo = client.stack.git.repo_path(user_id)
         commits = git(ledger, repo, "log", "--format=%H %(trailers:key=Rotation-Of,valueonly)")
         rotation_commits = [line.split()[0] for line in commits if len(line.split()) > 1]
         if sorted(rotation_commits) != sorted(rotated):
@@ -501,7 +502,7 @@ async def test_random_kill_campaign(temporal_env: WorkflowEnvironment, tmp_path:
             supervisor.stop()
     statuses: Counter[str] = Counter()
     for user_id in USERS:
-        check_repository(ledger, stack.service.git.repo_path(user_id))
+        check_repository(ledger, stack.git.repo_path(user_id))
         statuses += check_diffs(ledger, client, user_id)
         check_recall(ledger, client, user_id)
     stack.close()

@@ -32,18 +32,16 @@ from durable_memory.memory.core.formats import (
     to_markdown,
 )
 from durable_memory.memory.core.profiles import load_profile
-from durable_memory.memory.service import MemoryService
 from durable_memory.memory.store.db import make_engine
-from durable_memory.memory.store.diffs import DiffStore
-from durable_memory.memory.store.git import GitBlockStore
-from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.models.archive import NewPassage, PassageSource
 from durable_memory.models.blocks import AgentProfile, BlockFields, BlockSpec, FieldType
+from durable_memory.models.diffs import Proposer
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.operations import AppendText
 from durable_memory.models.recall import MessageRole, NewMessage
 from tests.support.agent_helpers import agent_test_profile
+from tests.support.memory import MemoryRig, memory_rig
 
 CASES = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -177,14 +175,12 @@ def test_the_escape_note_appears_only_when_a_value_was_escaped() -> None:
 
 
 @pytest.fixture(scope="module")
-def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MemoryService, Engine]]:
+def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MemoryRig, Engine]]:
     root = tmp_path_factory.mktemp("prompt")
     engine = make_engine(f"sqlite:///{root / 'm.db'}")
-    service = MemoryService(
-        PROFILE, GitBlockStore(root / "data"), DiffStore(engine), RecallStore(engine)
-    )
-    service.ensure_user("alice")
-    yield service, engine
+    memory = memory_rig(engine, root / "data", PROFILE)
+    memory.blocks.ensure_user("alice")
+    yield memory, engine
     engine.dispose()
 
 
@@ -194,23 +190,25 @@ _summary_counter = iter(range(1, 10**9))
 @settings(CASES, max_examples=15)
 @given(blocks=hostile_blocks(), proposal=hostile_text.filter(str.strip), summary=hostile_text)
 def test_compiled_system_prompt_parses_into_exactly_its_sections(
-    stores: tuple[MemoryService, Engine],
+    stores: tuple[MemoryRig, Engine],
     blocks: dict[str, tuple[BlockSpec, BlockFields]],
     proposal: str,
     summary: str,
 ) -> None:
-    service, engine = stores
+    memory, engine = stores
     summaries = SummaryStore(engine)
     for label, (_spec, fields) in blocks.items():
-        service.edit_block("alice", label, fields, ALICE)
-    diff = service.propose("alice", "notes", AppendText(content=proposal), "r", "turn:t1")
+        memory.edits.edit_block("alice", label, fields, ALICE)
+    diff = memory.review.propose(
+        "alice", "notes", AppendText(content=proposal), "r", Proposer.turn("t1")
+    )
     if summary.strip():
         summaries.add("alice", next(_summary_counter), summary)
     try:
-        context = compile_context(service, summaries, "alice", tool_definitions())
-        again = compile_context(service, summaries, "alice", tool_definitions())
+        context = compile_context(memory.sources(summaries), "alice", tool_definitions())
+        again = compile_context(memory.sources(summaries), "alice", tool_definitions())
     finally:
-        service.reject(diff.id, "alice", "test done")
+        memory.review.reject(diff.id, "alice", "test done")
     assert again.system == context.system
     instructions = PROFILE.persona.instructions
     assert context.system.startswith(instructions + "\n\n")
@@ -238,10 +236,10 @@ EDIT_RESULT = re.compile(
 @CASES
 @given(content=hostile_text.filter(str.strip), fact=hostile_line.filter(str.strip))
 def test_edit_tool_results_quote_the_models_text(
-    stores: tuple[MemoryService, Engine], content: str, fact: str
+    stores: tuple[MemoryRig, Engine], content: str, fact: str
 ) -> None:
-    service, _ = stores
-    tools = MemoryTools(service)
+    memory, _ = stores
+    tools = MemoryTools(memory.review, memory.recall)
     calls = [
         ("core_memory_append", {"label": "notes", "content": content}),
         (
@@ -254,22 +252,22 @@ def test_edit_tool_results_quote_the_models_text(
         assert not outcome.is_error, outcome.content
         match = EDIT_RESULT.fullmatch(outcome.content)
         assert match is not None, outcome.content
-        diff = service.diffs.get(match["id"], "alice")
+        diff = memory.diffs.get(match["id"], "alice")
         assert json.loads(match["summary"]) == diff.summary
-        service.reject(diff.id, "alice", "test done")
+        memory.review.reject(diff.id, "alice", "test done")
 
 
 @CASES
 @given(texts=st.lists(hostile_text.filter(str.strip), min_size=1, max_size=4))
 def test_conversation_search_results_round_trip_every_message(
-    stores: tuple[MemoryService, Engine], texts: list[str]
+    stores: tuple[MemoryRig, Engine], texts: list[str]
 ) -> None:
-    service, _ = stores
+    memory, _ = stores
     turn = f"t-search-{next(_summary_counter)}"
-    service.recall.append(
+    memory.recall.append(
         "alice", turn, [NewMessage(role=MessageRole.USER, content=t) for t in texts]
     )
-    outcome = MemoryTools(service).execute(
+    outcome = MemoryTools(memory.review, memory.recall).execute(
         "alice", turn, "conversation_search", {"limit": len(texts)}
     )
     body = json.loads(outcome.content)
@@ -278,14 +276,14 @@ def test_conversation_search_results_round_trip_every_message(
 
 
 def test_archival_search_results_round_trip_every_passage(
-    stores: tuple[MemoryService, Engine], tmp_path: Path
+    stores: tuple[MemoryRig, Engine], tmp_path: Path
 ) -> None:
-    service, _ = stores
+    memory, _ = stores
     archive = SqliteArchive(tmp_path / "archive.db", default_embedder())
     texts = [f"passage {i}: {forgery}" for i, forgery in enumerate(FORGERIES)]
     for text in texts:
         archive.insert(NewPassage(user_id="alice", text=text, source=PassageSource.AGENT))
-    outcome = MemoryTools(service, archive).execute(
+    outcome = MemoryTools(memory.review, memory.recall, archive).execute(
         "alice", "t-archive", "archival_memory_search", {"query": "", "top_k": 50}
     )
     body = json.loads(outcome.content)

@@ -22,7 +22,7 @@ from durable_memory.memory.rotation.strategies import (
     line_score,
 )
 from durable_memory.memory.rotation.task_sink import ArchiveTaskSink
-from durable_memory.memory.service import MemoryService
+from durable_memory.memory.service import MemoryFaces
 from durable_memory.memory.store.db import make_engine
 from durable_memory.memory.store.diffs import DiffStore
 from durable_memory.memory.store.git import CLOCK_SKEW, GitBlockStore
@@ -32,6 +32,7 @@ from durable_memory.models.archive import ArchiveSearch, PassageSource
 from durable_memory.models.blocks import RotationStrategyName
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.turn import RotationCommit, RotationInput
+from tests.support.memory import MemoryRig, memory_rig
 
 BACKEND = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
 ALICE = Author(name="alice", kind=AuthorKind.USER)
@@ -103,34 +104,29 @@ def test_adaptive_threshold_moves_both_ways_within_bounds() -> None:
 
 
 @pytest.fixture
-def rig(tmp_path: Path) -> tuple[MemoryService, Rotator, SqliteArchive]:
+def rig(tmp_path: Path) -> tuple[MemoryRig, Rotator, SqliteArchive]:
     engine = make_engine(f"sqlite:///{tmp_path / 'm.db'}")
     archive = SqliteArchive(tmp_path / "archive.db", default_embedder())
-    service = MemoryService(
-        load_profile("default"),
-        GitBlockStore(tmp_path / "data"),
-        DiffStore(engine),
-        RecallStore(engine),
-        ArchiveTaskSink(archive),
-    )
-    service.ensure_user("alice")
-    return service, Rotator(service, archive, RotationStateStore(engine)), archive
+    memory = memory_rig(engine, tmp_path / "data", "default", ArchiveTaskSink(archive))
+    memory.blocks.ensure_user("alice")
+    rotator = Rotator(memory.blocks, memory.git, archive, RotationStateStore(engine))
+    return memory, rotator, archive
 
 
-def _fill_notes(service: MemoryService) -> str:
+def _fill_notes(memory: MemoryFaces) -> str:
     text = "\n".join(
         f"Session {i}: talked about robots and essay idea number {i}." for i in range(28)
     )
-    service.edit_block("alice", "notes", {"value": text}, ALICE)
+    memory.edits.edit_block("alice", "notes", {"value": text}, ALICE)
     return text
 
 
 def test_text_block_rotation_archives_then_commits(
-    rig: tuple[MemoryService, Rotator, SqliteArchive],
+    rig: tuple[MemoryRig, Rotator, SqliteArchive],
 ) -> None:
-    service, rotator, archive = rig
-    full = _fill_notes(service)
-    base = service.git.head("alice")
+    memory, rotator, archive = rig
+    full = _fill_notes(memory)
+    base = memory.git.head("alice")
     assert base is not None
     check = rotator.check("alice", "notes")
     assert check.should_rotate
@@ -138,7 +134,7 @@ def test_text_block_rotation_archives_then_commits(
     result = rotator.rotate("alice", "notes")
     assert result is not None
     assert result.commit_sha is not None
-    compressed = service.read_block("alice", "notes").value
+    compressed = memory.blocks.read_block("alice", "notes").value
     assert len(compressed) <= 1000  # half of the 2000 limit
     assert compressed.startswith("...")
     assert full.endswith(compressed[3:])
@@ -150,30 +146,30 @@ def test_text_block_rotation_archives_then_commits(
         "notes",
         base,
     )
-    commit = service.history("alice", "notes", 1)[0]
+    commit = memory.history.history("alice", "notes", 1)[0]
     assert commit.author == "rotation"
     assert commit.trailers["Rotation-Of"] == f"notes@{base}"
     assert commit.trailers["Archived-Passages"] == passage.id
-    assert service.read_at("alice", "notes", base)["value"] == full  # and in git history
+    assert memory.history.read_at("alice", "notes", base)["value"] == full  # and in git history
     assert rotator.rotate("alice", "notes") is None  # now under its threshold
 
 
 def test_crash_between_archive_and_commit_loses_and_duplicates_nothing(
-    rig: tuple[MemoryService, Rotator, SqliteArchive],
+    rig: tuple[MemoryRig, Rotator, SqliteArchive],
 ) -> None:
-    service, rotator, archive = rig
-    full = _fill_notes(service)
+    memory, rotator, archive = rig
+    full = _fill_notes(memory)
     plan = rotator.plan("alice", "notes")
     assert plan is not None
     rotator.archive_step(plan)  # ... and the worker dies here, before commit_step
     assert archive.count("alice") == 1
-    assert service.read_block("alice", "notes").value == full  # memory untouched so far
+    assert memory.blocks.read_block("alice", "notes").value == full  # memory untouched so far
 
     result = rotator.rotate("alice", "notes")  # run again from the start
     assert result is not None
     assert result.commit_sha is not None
     assert archive.count("alice") == 1  # exactly one archived copy
-    rotations = [c for c in service.history("alice", "notes", 50) if c.author == "rotation"]
+    rotations = [c for c in memory.history.history("alice", "notes", 50) if c.author == "rotation"]
     assert len(rotations) == 1  # exactly one rotation commit
     hits = archive.search("alice", ArchiveSearch(query="essay idea number 3", alpha=0.0))
     assert hits[0].passage.text.endswith(full)  # the full text is searchable
@@ -182,36 +178,36 @@ def test_crash_between_archive_and_commit_loses_and_duplicates_nothing(
 
 
 def test_block_changed_after_plan_is_not_overwritten(
-    rig: tuple[MemoryService, Rotator, SqliteArchive],
+    rig: tuple[MemoryRig, Rotator, SqliteArchive],
 ) -> None:
-    service, rotator, _ = rig
-    _fill_notes(service)
+    memory, rotator, _ = rig
+    _fill_notes(memory)
     plan = rotator.plan("alice", "notes")
     assert plan is not None
     ids = rotator.archive_step(plan)
-    service.edit_block("alice", "notes", {"value": "Rewritten by Alice"}, ALICE)
+    memory.edits.edit_block("alice", "notes", {"value": "Rewritten by Alice"}, ALICE)
     assert rotator.commit_step(plan, ids) is None
-    assert service.read_block("alice", "notes").value == "Rewritten by Alice"
+    assert memory.blocks.read_block("alice", "notes").value == "Rewritten by Alice"
 
 
 def test_typed_human_block_rotation_keeps_required_and_best_lines(
-    rig: tuple[MemoryService, Rotator, SqliteArchive],
+    rig: tuple[MemoryRig, Rotator, SqliteArchive],
 ) -> None:
-    service, rotator, archive = rig
-    service.set_task("alice", "Outline the robotics essay", BACKEND)
+    memory, rotator, archive = rig
+    memory.edits.set_task("alice", "Outline the robotics essay", BACKEND)
     long = "x" * 120
     for i in range(4):
-        service.learn_preference("alice", f"preference {i} {long}", BACKEND)
+        memory.edits.learn_preference("alice", f"preference {i} {long}", BACKEND)
     for i in range(3):
-        service.learn_fact("alice", f"fact {i} {long}", BACKEND)
+        memory.edits.learn_fact("alice", f"fact {i} {long}", BACKEND)
     for i in range(3):
-        service.add_context("alice", f"context {i} {long}", BACKEND)
-    before = service.read_block("alice", "human")
+        memory.edits.add_context("alice", f"context {i} {long}", BACKEND)
+    before = memory.blocks.read_block("alice", "human")
     assert len(before.value) / 1500 >= 0.8
     result = rotator.rotate("alice", "human")
     assert result is not None
     assert result.commit_sha is not None
-    after = service.read_block("alice", "human")
+    after = memory.blocks.read_block("alice", "human")
     assert len(after.value) <= 750
     assert after.fields["session_state"] == "active_task"  # required: always kept
     assert after.fields["current_task"] == "Outline the robotics essay"  # [TASK] scores 100
@@ -221,21 +217,21 @@ def test_typed_human_block_rotation_keeps_required_and_best_lines(
 
 
 def test_adaptive_state_persists_per_user_and_block(
-    rig: tuple[MemoryService, Rotator, SqliteArchive],
+    rig: tuple[MemoryRig, Rotator, SqliteArchive],
 ) -> None:
     _, rotator, _ = rig
     for _ in range(3):
         rotator.check("alice", "human")  # an almost empty block: usage ~0.01
-    assert rotator.strategy("alice", rotator.service.spec("human")).threshold == 0.85
+    assert rotator.strategy("alice", rotator.blocks.spec("human")).threshold == 0.85
 
 
 def test_lowered_limit_keeps_block_readable_and_rotation_fits_it(tmp_path: Path) -> None:
     engine = make_engine(f"sqlite:///{tmp_path / 'm.db'}")
     git = GitBlockStore(tmp_path / "data")
     profile = load_profile("default")
-    service = MemoryService(profile, git, DiffStore(engine), RecallStore(engine))
-    service.ensure_user("alice")
-    _fill_notes(service)
+    memory = MemoryRig.open(profile, git, DiffStore(engine), RecallStore(engine))
+    memory.blocks.ensure_user("alice")
+    _fill_notes(memory)
     notes = profile.block("notes")
     assert notes is not None
     smaller = profile.model_copy(
@@ -246,24 +242,25 @@ def test_lowered_limit_keeps_block_readable_and_rotation_fits_it(tmp_path: Path)
             )
         }
     )
-    shrunk = MemoryService(smaller, git, DiffStore(engine), RecallStore(engine))
-    assert len(shrunk.read_block("alice", "notes").value) > 800  # still readable
+    shrunk = MemoryRig.open(smaller, git, DiffStore(engine), RecallStore(engine))
+    assert len(shrunk.blocks.read_block("alice", "notes").value) > 800  # still readable
     archive = SqliteArchive(tmp_path / "a.db", default_embedder())
-    result = Rotator(shrunk, archive, RotationStateStore(engine)).rotate("alice", "notes")
+    rotator = Rotator(shrunk.blocks, git, archive, RotationStateStore(engine))
+    result = rotator.rotate("alice", "notes")
     assert result is not None
     assert result.commit_sha is not None
-    assert len(shrunk.read_block("alice", "notes").value) <= 400
+    assert len(shrunk.blocks.read_block("alice", "notes").value) <= 400
 
 
 def test_clear_task_with_archive_files_the_task(
-    rig: tuple[MemoryService, Rotator, SqliteArchive],
+    rig: tuple[MemoryRig, Rotator, SqliteArchive],
 ) -> None:
-    service, _, archive = rig
-    service.set_task(
+    memory, _, archive = rig
+    memory.edits.set_task(
         "alice", "Brainstorm essay topics", BACKEND, context="Discussed identity themes"
     )
-    service.add_context("alice", "Explored personal challenges", BACKEND)
-    service.clear_task("alice", BACKEND, archive=True)
+    memory.edits.add_context("alice", "Explored personal challenges", BACKEND)
+    memory.edits.clear_task("alice", BACKEND, archive=True)
     (passage,) = archive.page("alice")
     assert re.fullmatch(
         r"\[TASK COMPLETED \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\]\nTask: Brainstorm essay topics\n"
@@ -271,28 +268,28 @@ def test_clear_task_with_archive_files_the_task(
         passage.text,
     )
     assert passage.source is PassageSource.TASK
-    block = service.read_block("alice", "human")
+    block = memory.blocks.read_block("alice", "human")
     assert (block.fields["current_task"], block.fields["session_state"]) == (None, "idle")
 
 
-def test_metrics(rig: tuple[MemoryService, Rotator, SqliteArchive]) -> None:
-    service, rotator, _ = rig
+def test_metrics(rig: tuple[MemoryRig, Rotator, SqliteArchive]) -> None:
+    memory, rotator, _ = rig
     metrics = rotator.metrics("alice")
     assert metrics.human_usage == pytest.approx(len("[STATE] idle") / 1500)
     assert metrics.persona_usage == pytest.approx(
-        len(service.read_block("alice", "persona").value) / 1500
+        len(memory.blocks.read_block("alice", "persona").value) / 1500
     )
     assert 0 < metrics.total_usage < 1
 
 
 def test_nothing_to_compress_is_no_rotation(
-    rig: tuple[MemoryService, Rotator, SqliteArchive],
+    rig: tuple[MemoryRig, Rotator, SqliteArchive],
 ) -> None:
-    service, rotator, archive = rig
-    head = service.git.head("alice")
+    memory, rotator, archive = rig
+    head = memory.git.head("alice")
     assert rotator.rotate("alice", "human", force=True) is None  # "[STATE] idle" fits already
     assert archive.count("alice") == 0
-    assert service.git.head("alice") == head
+    assert memory.git.head("alice") == head
 
 
 # -- the activities: every step re-derives the plan from the ticket ------------------------
@@ -301,7 +298,7 @@ def test_nothing_to_compress_is_no_rotation(
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[MemoryStack]:
     stack = open_stack(tmp_path / "data", profile="default")
-    stack.service.ensure_user("alice")
+    stack.blocks.ensure_user("alice")
     yield stack
     stack.close()
 
@@ -313,7 +310,7 @@ def test_a_commit_rotation_retried_after_the_clock_moved_returns_its_commit(
     own clock. A commit_rotation retried more than CLOCK_SKEW after the plan (its first
     attempt committed, then the worker died) bounded its trailer walk by the retry's clock,
     missed that commit, found the block changed since the plan and reported nothing rotated."""
-    _fill_notes(stack.service)
+    _fill_notes(stack)
     env = ActivityEnvironment()
     activities = RotationActivities(stack)
     ticket = env.run(activities.plan_rotation, RotationInput(user_id="alice", label="notes"))
@@ -325,11 +322,13 @@ def test_a_commit_rotation_retried_after_the_clock_moved_returns_its_commit(
     assert sha is not None
 
     later = utc_now() + 2 * CLOCK_SKEW  # the retry runs on a worker whose clock reads later
-    moved = Rotator(stack.service, stack.archive, stack.rotator.states, clock=lambda: later)
+    moved = Rotator(
+        stack.blocks, stack.git, stack.archive, stack.rotator.states, clock=lambda: later
+    )
     retrying = RotationActivities(replace(stack, rotator=moved))
     assert env.run(retrying.archive_rotation, ticket) == ids
     assert env.run(retrying.commit_rotation, commit) == sha
-    rotations = [c for c in stack.service.history("alice", "notes", 50) if c.author == "rotation"]
+    rotations = [c for c in stack.history.history("alice", "notes", 50) if c.author == "rotation"]
     assert [c.sha for c in rotations] == [sha]  # exactly one rotation commit
     assert rotations[0].trailers == {
         "Rotation-Of": f"notes@{ticket.base_sha}",

@@ -11,10 +11,6 @@ from sqlalchemy import Engine
 from durable_memory.memory.agent.tool_specs import tool_definitions
 from durable_memory.memory.archive.embedders import default_embedder
 from durable_memory.memory.archive.sqlite import SqliteArchive
-from durable_memory.memory.service import MemoryService
-from durable_memory.memory.store.diffs import DiffStore
-from durable_memory.memory.store.git import GitBlockStore
-from durable_memory.memory.store.recall import RecallStore
 from durable_memory.models.diffs import DiffStatus
 from tests.support.agent_helpers import (
     agent_test_profile,
@@ -22,18 +18,17 @@ from tests.support.agent_helpers import (
     tool_results,
     tool_use,
 )
+from tests.support.memory import MemoryRig, memory_rig
 
 
 @pytest.fixture
-def svc(engine: Engine, data_dir: Path) -> MemoryService:
-    service = MemoryService(
-        agent_test_profile(), GitBlockStore(data_dir), DiffStore(engine), RecallStore(engine)
-    )
-    service.ensure_user("alice")
-    return service
+def svc(engine: Engine, data_dir: Path) -> MemoryRig:
+    memory = memory_rig(engine, data_dir, agent_test_profile())
+    memory.blocks.ensure_user("alice")
+    return memory
 
 
-def _one_call(svc: MemoryService, engine: Engine, call: dict[str, Any]) -> dict[str, Any]:
+def _one_call(svc: MemoryRig, engine: Engine, call: dict[str, Any]) -> dict[str, Any]:
     """Run a turn where the model makes one tool call then ends; return the tool result."""
     head = svc.git.head("alice")
     result, requests = run_scripted_turn(svc, engine, [{"content": [call]}, {"text": "ok"}], "hi")
@@ -116,15 +111,15 @@ SUCCESS = [
 
 @pytest.mark.parametrize(("call", "label", "summary"), SUCCESS)
 def test_edit_tools_create_pending_diffs(
-    svc: MemoryService, engine: Engine, call: dict[str, Any], label: str, summary: str
+    svc: MemoryRig, engine: Engine, call: dict[str, Any], label: str, summary: str
 ) -> None:
     outcome = _one_call(svc, engine, call)
     assert outcome.get("is_error", False) is False
-    (diff,) = svc.pending("alice")
+    (diff,) = svc.review.pending("alice")
     assert (diff.label, diff.summary, diff.proposed_by) == (label, summary, "turn:t1")
     assert f"Proposed edit {diff.id}" in outcome["content"]
     assert "awaits human approval" in outcome["content"]
-    assert svc.approve(diff.id, "reviewer").status is DiffStatus.APPROVED
+    assert svc.review.approve(diff.id, "reviewer").status is DiffStatus.APPROVED
 
 
 ERRORS = [
@@ -243,16 +238,18 @@ ERRORS = [
 
 @pytest.mark.parametrize(("call", "message"), ERRORS)
 def test_model_errors_come_back_as_error_results(
-    svc: MemoryService, engine: Engine, call: dict[str, Any], message: str
+    svc: MemoryRig, engine: Engine, call: dict[str, Any], message: str
 ) -> None:
     outcome = _one_call(svc, engine, call)
     assert outcome["is_error"] is True
     assert message in outcome["content"]
-    assert svc.pending("alice") == []
+    assert svc.review.pending("alice") == []
 
 
-def test_max_items_limit_is_an_error_result(svc: MemoryService, engine: Engine) -> None:
-    svc.edit_block("alice", "student", {"strengths": ["A", "B"], "stage": "drafting"}, _alice())
+def test_max_items_limit_is_an_error_result(svc: MemoryRig, engine: Engine) -> None:
+    svc.edits.edit_block(
+        "alice", "student", {"strengths": ["A", "B"], "stage": "drafting"}, _alice()
+    )
     outcome = _one_call(
         svc,
         engine,
@@ -275,7 +272,7 @@ def _alice() -> Any:
     return Author(name="alice", kind=AuthorKind.USER)
 
 
-def test_conversation_search_finds_earlier_turns(svc: MemoryService, engine: Engine) -> None:
+def test_conversation_search_finds_earlier_turns(svc: MemoryRig, engine: Engine) -> None:
     run_scripted_turn(svc, engine, [{"text": "Noted"}], "My dog is called Biscuit", turn_id="t0")
     outcome = _one_call(
         svc, engine, tool_use("conversation_search", query="Biscuit", roles=["user"])
@@ -286,7 +283,7 @@ def test_conversation_search_finds_earlier_turns(svc: MemoryService, engine: Eng
     assert '"turn_id": "t0"' in outcome["content"]
 
 
-def test_tools_offered_to_the_model(svc: MemoryService, engine: Engine) -> None:
+def test_tools_offered_to_the_model(svc: MemoryRig, engine: Engine) -> None:
     _, requests = run_scripted_turn(svc, engine, [{"text": "hi"}], "hello")
     names = [t["name"] for t in requests[0]["tools"]]
     assert names == [
@@ -305,7 +302,7 @@ def test_tools_offered_to_the_model(svc: MemoryService, engine: Engine) -> None:
         assert len(tool["description"]) > 80
 
 
-def test_several_calls_in_one_step_and_the_step_loop(svc: MemoryService, engine: Engine) -> None:
+def test_several_calls_in_one_step_and_the_step_loop(svc: MemoryRig, engine: Engine) -> None:
     script: list[dict[str, Any]] = [
         {
             "content": [
@@ -344,7 +341,7 @@ def test_several_calls_in_one_step_and_the_step_loop(svc: MemoryService, engine:
     ]
 
 
-def test_step_limit_ends_the_turn_and_says_so(svc: MemoryService, engine: Engine) -> None:
+def test_step_limit_ends_the_turn_and_says_so(svc: MemoryRig, engine: Engine) -> None:
     loop: dict[str, Any] = {"content": [tool_use("conversation_search", query="x")]}
     result, requests = run_scripted_turn(svc, engine, [loop] * 5, "hi", max_steps=3)
     assert result.stopped_at_step_limit
@@ -359,9 +356,7 @@ def archive(tmp_path: Path) -> SqliteArchive:
     return SqliteArchive(tmp_path / "archive.db", default_embedder())
 
 
-def test_archival_insert_and_search(
-    svc: MemoryService, engine: Engine, archive: SqliteArchive
-) -> None:
+def test_archival_insert_and_search(svc: MemoryRig, engine: Engine, archive: SqliteArchive) -> None:
     insert = tool_use(
         "archival_memory_insert", content="Alice's robot is named Bolt.", tags=["robots"]
     )
@@ -421,7 +416,7 @@ def test_archival_insert_and_search(
     ],
 )
 def test_archival_errors_are_error_results(
-    svc: MemoryService, engine: Engine, archive: SqliteArchive, call: dict[str, Any], message: str
+    svc: MemoryRig, engine: Engine, archive: SqliteArchive, call: dict[str, Any], message: str
 ) -> None:
     _, requests = run_scripted_turn(
         svc, engine, [{"content": [call]}, {"text": "ok"}], "hi", archive=archive

@@ -18,6 +18,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.client import TurnFailed
+from durable_memory.memory.store.diffs import DiffStore
 from durable_memory.models.activity_settings import (
     ActivitiesSettings,
     ActivitySettings,
@@ -93,7 +94,7 @@ async def test_a_turn_started_under_the_old_id_still_takes_decisions(
         outcome = await rig.client.approve(reply.diffs[0].id, "ms-rivera")
         assert outcome is not None
         assert outcome.commit_sha is not None
-        assert rig.stack.service.read_block("olga", "student").fields["name"] == "Olga"
+        assert rig.stack.blocks.read_block("olga", "student").fields["name"] == "Olga"
         ended = await temporal_env.client.get_workflow_handle(
             old_id, result_type=TurnOutcome
         ).result()
@@ -202,7 +203,7 @@ async def test_a_foreign_caller_gets_search_attributes_and_its_bad_decisions_ref
         assert "approver" in rejected.recent[-1]
         details = await handle.query("__temporal_workflow_metadata")
         assert "3 decision signal(s) refused" in details.current_details
-        assert rig.stack.service.diffs.get(diff_id, "dora").status == "pending"
+        assert rig.stack.review.get(diff_id, "dora").status == "pending"
         outcome = await handle.execute_update(
             "decide", {**good, "decision": "reject", "reason": "no"}
         )
@@ -247,7 +248,7 @@ async def test_a_failed_step_ends_the_turn_with_a_short_named_error(
         assert cause.message.count("failed") == 1  # named once, not once per layer
         assert len(cause.message.encode()) < 1024
         # The diff the turn proposed before failing does not stay pending without a turn.
-        assert [d.status for d in rig.stack.service.diffs.list("eve")] == ["expired"]
+        assert [d.status for d in DiffStore(rig.stack.engine).list("eve")] == ["expired"]
         handle = temporal_env.client.get_workflow_handle(turn_workflow_id("eve", "boom"))
         attributes = (await handle.describe()).typed_search_attributes
         assert attributes.get(TURN_STATUS) == "failed"

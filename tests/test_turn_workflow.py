@@ -61,26 +61,26 @@ async def test_reply_then_approve_reject_and_edited_approval(
         assert [d.status for d in reply.diffs] == [DiffStatus.PENDING] * 3
         name, stage, task = reply.diffs
         # The reply came back before anything was decided: memory is untouched.
-        assert rig.stack.service.read_block("alice", "student").fields["name"] is None
+        assert rig.stack.blocks.read_block("alice", "student").fields["name"] is None
 
         handle = temporal_env.client.get_workflow_handle(reply.workflow_id)
         assert await handle.query(TurnWorkflow.status) == "awaiting_approval"
         approved = await rig.client.approve(name.id, "ms-rivera")
         assert approved is not None
         assert approved.status is DiffStatus.APPROVED
-        assert rig.stack.service.read_block("alice", "student").fields["name"] == "Alice"
+        assert rig.stack.blocks.read_block("alice", "student").fields["name"] == "Alice"
         rejected = await rig.client.reject(stage.id, "ms-rivera", "too early")
         assert rejected is not None
         assert rejected.status is DiffStatus.REJECTED
         with pytest.raises(DiffAlreadyDecided, match="already rejected"):
             await rig.client.approve(stage.id, "bob")
-        markdown = rig.stack.service.render("alice", "human", "markdown").replace(
+        markdown = rig.stack.blocks.render("alice", "human", "markdown").replace(
             "## Current Task\n", "## Current Task\nOutline the robot essay"
         )
         edited = await rig.client.approve(task.id, "alice", edited_markdown=markdown)
         assert edited is not None
         assert edited.status is DiffStatus.APPROVED
-        assert rig.stack.service.read_block("alice", "human").fields["current_task"] == (
+        assert rig.stack.blocks.read_block("alice", "human").fields["current_task"] == (
             "Outline the robot essay"
         )
         outcome = await turn_outcome(rig.client, "alice", "t1")
@@ -90,7 +90,7 @@ async def test_reply_then_approve_reject_and_edited_approval(
             stage.id: DiffStatus.REJECTED,
             task.id: DiffStatus.APPROVED,
         }
-        commits = rig.stack.service.history("alice", "student", 10)
+        commits = rig.stack.history.history("alice", "student", 10)
         assert commits[0].trailers["Diff-Id"] == name.id
         # The same turn id again returns the same turn, not a new one.
         again = await rig.client.send_message("alice", "Hi, I'm Alice", turn_id="t1")
@@ -111,7 +111,7 @@ async def test_signals_and_expiry(time_skipping_env: WorkflowEnvironment, tmp_pa
         assert statuses[first.id] is DiffStatus.APPROVED
         assert [statuses[d.id] for d in reply.diffs[1:]] == [DiffStatus.EXPIRED] * 2
         assert outcome.status == "expired"
-        assert rig.stack.service.diffs.get(reply.diffs[1].id, "alice").status is DiffStatus.EXPIRED
+        assert rig.stack.review.get(reply.diffs[1].id, "alice").status is DiffStatus.EXPIRED
 
 
 async def test_newer_turn_supersedes_and_ends_the_older_wait(
@@ -129,10 +129,7 @@ async def test_newer_turn_supersedes_and_ends_the_older_wait(
         second = await rig.client.send_message("alice", "actually Alice", turn_id="newer")
         older = await turn_outcome(rig.client, "alice", "older")
         assert [d.status for d in older.decisions] == [DiffStatus.SUPERSEDED]
-        assert (
-            rig.stack.service.diffs.get(first.diffs[0].id, "alice").superseded_by
-            == second.diffs[0].id
-        )
+        assert rig.stack.review.get(first.diffs[0].id, "alice").superseded_by == second.diffs[0].id
         await rig.client.approve(second.diffs[0].id, "ms-rivera")
         assert (await turn_outcome(rig.client, "alice", "newer")).status == "done"
 
@@ -163,9 +160,9 @@ async def test_approval_that_crosses_the_threshold_starts_a_rotation(
         from durable_memory.models.history import Author, AuthorKind
 
         backend = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
-        rig.stack.service.ensure_user("rosa")
+        rig.stack.blocks.ensure_user("rosa")
         for i in range(2):
-            rig.stack.service.add_context("rosa", f"note {i} " + "y" * 420, backend)
+            rig.stack.edits.add_context("rosa", f"note {i} " + "y" * 420, backend)
         reply = await rig.client.send_message("rosa", "we talked a lot", turn_id="t3")
         approved_at = datetime.now(UTC)
         await rig.client.approve(reply.diffs[0].id, "ms-rivera")  # answered once committed
@@ -197,9 +194,9 @@ async def test_the_schedule_sweeps_blocks_over_threshold(
 
         backend = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
         for user in ("carol", "bob"):
-            rig.stack.service.ensure_user(user)
+            rig.stack.blocks.ensure_user(user)
         for i in range(3):  # carol's human block goes over its 80% threshold
-            rig.stack.service.add_context("carol", f"note {i} " + "z" * 420, backend)
+            rig.stack.edits.add_context("carol", f"note {i} " + "z" * 420, backend)
         schedule_id = await rig.client.ensure_rotation_schedule()
         assert schedule_id == await rig.client.ensure_rotation_schedule()  # idempotent
         schedule = temporal_env.client.get_schedule_handle(schedule_id)

@@ -14,12 +14,12 @@ from durable_memory.memory.agent.steps import TurnSteps, turn_reply
 from durable_memory.memory.agent.tools import MemoryTools
 from durable_memory.memory.archive.protocol import ArchiveStore
 from durable_memory.memory.core.profiles import parse_profile
-from durable_memory.memory.service import MemoryService
 from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.memory.store.turns import TurnStore
 from durable_memory.models.blocks import AgentProfile
 from durable_memory.models.turn import FinishInput, StepInput, TurnInput
 from durable_memory.scripted_model import ScriptedModelServer
+from tests.support.memory import MemoryRig
 
 TEST_PROFILE = """
 name = "tools-test"
@@ -121,24 +121,24 @@ def run_turn_steps(steps: TurnSteps, turn: TurnInput) -> TurnResult:
 
 @contextlib.contextmanager
 def scripted_steps(
-    service: MemoryService,
+    memory: MemoryRig,
     engine: Engine,
     script: list[dict[str, Any]],
     archive: ArchiveStore | None = None,
 ) -> Iterator[tuple[TurnSteps, ScriptedModelServer]]:
-    """A turn's steps on `service`, calling the real SDK against a server playing `script`."""
+    """A turn's steps on `memory`, calling the real SDK against a server playing `script`."""
     with ScriptedModelServer(script) as server:
         model = AnthropicModel(base_url=server.url)
         try:
-            tools = MemoryTools(service, archive)
-            summaries, turns = SummaryStore(engine), TurnStore(engine)
-            yield TurnSteps(service, summaries, archive, tools, model, turns), server
+            tools = MemoryTools(memory.review, memory.recall, archive)
+            sources = memory.sources(SummaryStore(engine))
+            yield TurnSteps(sources, archive, tools, model, TurnStore(engine)), server
         finally:
             model.close()
 
 
 def run_scripted_turn(
-    service: MemoryService,
+    memory: MemoryRig,
     engine: Engine,
     script: list[dict[str, Any]],
     message: str,
@@ -148,7 +148,7 @@ def run_scripted_turn(
     archive: ArchiveStore | None = None,
     max_steps: int = 8,
 ) -> tuple[TurnResult, list[dict[str, Any]]]:
-    with scripted_steps(service, engine, script, archive) as (steps, server):
+    with scripted_steps(memory, engine, script, archive) as (steps, server):
         turn = TurnInput(user_id=user_id, turn_id=turn_id, message=message, max_steps=max_steps)
         return run_turn_steps(steps, turn), server.requests
 

@@ -37,7 +37,7 @@ hostile_ids = st.one_of(
 
 def snapshot(stack: MemoryStack) -> dict[str, Any]:
     """Every row of every SQL table, every repository's refs, index and files, the archive."""
-    engine = stack.service.diffs.engine
+    engine = stack.engine
     tables: dict[str, Any] = {}
     with engine.connect() as conn:
         for table in inspect(engine).get_table_names():
@@ -46,7 +46,7 @@ def snapshot(stack: MemoryStack) -> dict[str, Any]:
             rows = conn.execute(text(f'SELECT * FROM "{table}"')).fetchall()
             tables[table] = sorted(repr(tuple(r)) for r in rows)
     repos: dict[str, Any] = {}
-    users_dir = stack.service.git.users_dir
+    users_dir = stack.git.users_dir
     if users_dir.exists():
         for repo in sorted(users_dir.iterdir()):
             head = subprocess.run(

@@ -1,0 +1,60 @@
+"""The memory's faces over real stores, without Temporal, an archive or the rest of the stack,
+for tests of the domain; the stores are there too, for tests that look beneath the faces."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import Engine
+
+from durable_memory.memory.agent.context import ContextSources
+from durable_memory.memory.core.profiles import load_profile
+from durable_memory.memory.service import MemoryFaces
+from durable_memory.memory.service.access import TaskArchive
+from durable_memory.memory.store.diffs import DiffStore
+from durable_memory.memory.store.git import GitBlockStore
+from durable_memory.memory.store.recall import RecallStore
+from durable_memory.memory.store.summaries import SummaryStore
+from durable_memory.models.blocks import AgentProfile
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryRig(MemoryFaces):
+    profile: AgentProfile
+    git: GitBlockStore
+    diffs: DiffStore
+    recall: RecallStore
+
+    @classmethod
+    def open(
+        cls,
+        profile: AgentProfile,
+        git: GitBlockStore,
+        diffs: DiffStore,
+        recall: RecallStore,
+        archive: TaskArchive | None = None,
+    ) -> "MemoryRig":
+        faces = MemoryFaces.over(profile, git, diffs, archive)
+        return cls(
+            blocks=faces.blocks,
+            edits=faces.edits,
+            review=faces.review,
+            history=faces.history,
+            profile=profile,
+            git=git,
+            diffs=diffs,
+            recall=recall,
+        )
+
+    def sources(self, summaries: SummaryStore) -> ContextSources:
+        return ContextSources(self.blocks, self.review, self.recall, summaries)
+
+
+def memory_rig(
+    engine: Engine,
+    data_dir: Path,
+    profile: AgentProfile | str = "essay_coach",
+    archive: TaskArchive | None = None,
+) -> MemoryRig:
+    loaded = profile if isinstance(profile, AgentProfile) else load_profile(profile)
+    git = GitBlockStore(data_dir)
+    return MemoryRig.open(loaded, git, DiffStore(engine), RecallStore(engine), archive)
