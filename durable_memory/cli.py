@@ -1,5 +1,9 @@
 """`dmem`: the command line for people. User errors print one line and exit with status 2."""
 
+# One module though over 300 lines: each command is a few lines over the client or the stack,
+# and the parser below is their table of arguments; split, a command would sit apart from its
+# arguments and nothing would be gained. (The docstring above is `dmem --help`'s description.)
+
 import argparse
 import asyncio
 import json

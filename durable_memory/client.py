@@ -8,6 +8,10 @@ and a user's own edits go to the memory store, which the client shares with the 
 
 Turns and decisions address the workflow by its type and handler names, as a caller in
 another language does: the workflow validates every payload itself (workflows/turn.py).
+
+One module though over 300 lines: it is the one face a backend holds, each method a short
+mapping of a call onto Temporal or the memory stack; how a decision's Update is delivered
+and its refusals read is a job of its own, in decision_delivery.py.
 """
 
 import asyncio
@@ -18,13 +22,6 @@ from types import TracebackType
 from typing import Any, Self
 
 from pydantic import ValidationError
-from temporalio.api.common.v1 import Payloads, WorkflowExecution
-from temporalio.api.enums.v1 import UpdateWorkflowExecutionLifecycleStage
-from temporalio.api.update.v1 import Input as UpdateInput
-from temporalio.api.update.v1 import Meta as UpdateMeta
-from temporalio.api.update.v1 import Request as UpdateRequest
-from temporalio.api.update.v1 import WaitPolicy
-from temporalio.api.workflowservice.v1 import UpdateWorkflowExecutionRequest
 from temporalio.client import (
     Client,
     Schedule,
@@ -35,21 +32,27 @@ from temporalio.client import (
     ScheduleUpdate,
     ScheduleUpdateInput,
     WithStartWorkflowOperation,
-    WorkflowHandle,
     WorkflowUpdateFailedError,
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.config import Settings, load_settings
+from durable_memory.decision_delivery import (
+    BUSY_ATTEMPTS,
+    BUSY_FIRST_DELAY_S,
+    DecisionBusy,
+    DecisionLost,
+    DecisionNotApplied,
+    decision_error,
+    execute_decision,
+    failure_message,
+)
 from durable_memory.memory.core.errors import (
     DecisionRefused,
-    DiffAlreadyDecided,
     DurableMemoryError,
-    UnknownDiff,
     validation_message,
 )
 from durable_memory.memory.core.formats import from_markdown
@@ -76,12 +79,20 @@ from durable_memory.workflows.common import USER_ID
 from durable_memory.workflows.rotation import RotationSweepWorkflow, RotationWorkflow
 from durable_memory.workflows.turn import TurnWorkflow
 from durable_memory.workflows.turn_boundary import (
-    DECISION_REFUSED,
-    DIFF_ALREADY_DECIDED,
     TURN_WORKFLOW,
-    UNKNOWN_DIFF,
     already_decided,
 )
+
+__all__ = [
+    "DecisionBusy",
+    "DecisionLost",
+    "DecisionNotApplied",
+    "MemoryClient",
+    "TemporalUnavailable",
+    "TurnFailed",
+    "connect_temporal",
+]
+"""What a backend imports from here; the decision errors are defined in decision_delivery."""
 
 
 class TemporalUnavailable(DurableMemoryError):
@@ -91,38 +102,6 @@ class TemporalUnavailable(DurableMemoryError):
 class TurnFailed(DurableMemoryError):
     """The turn ended with a failure: its input was refused, or a step failed for good (the
     message names the step)."""
-
-
-class DecisionLost(DiffAlreadyDecided):
-    """A decision that did not apply because the diff was decided first: `outcome` is what
-    did apply (status, commit, who decided and when)."""
-
-    def __init__(self, message: str, outcome: DecisionOutcome | None) -> None:
-        super().__init__(message)
-        self.outcome = outcome
-
-
-class DecisionNotApplied(DecisionRefused):
-    """A decision that reached its turn and was refused there (the activity failed, the
-    approval conflicted or has no commit): `outcome` is the diff's state, if known."""
-
-    def __init__(self, message: str, outcome: DecisionOutcome | None) -> None:
-        super().__init__(message)
-        self.outcome = outcome
-
-
-class DecisionBusy(DurableMemoryError):
-    """Temporal refused the decision's Update for its per-workflow Update limits (10 in
-    flight, 2,000 per run) even after backing off. Nothing was decided: retry later, or send
-    the decision as a signal (`wait=False`)."""
-
-    retryable = True
-
-
-BUSY_ATTEMPTS = 6
-BUSY_FIRST_DELAY_S = 0.2
-"""Backoff for an Update refused at the in-flight limit: 0.2, 0.4, ... 1.6 s (~3 s in all)."""
-ACCEPTED = UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_ACCEPTED
 
 
 async def connect_temporal(settings: Settings) -> Client:
@@ -226,7 +205,7 @@ class MemoryClient:
                 TurnWorkflow.reply, start_workflow_operation=start
             )
         except WorkflowUpdateFailedError as error:
-            raise TurnFailed(f"the turn failed: {_cause(error)}") from None
+            raise TurnFailed(f"the turn failed: {failure_message(error)}") from None
         except RPCError as error:
             raise TemporalUnavailable(f"the turn could not start: {error.message}") from None
         return result
@@ -319,9 +298,15 @@ class MemoryClient:
                 if not wait:
                     await handle.signal(kind, decision)
                     return None
-                return await self._execute_decision(handle, decision)
+                return await execute_decision(
+                    self.client,
+                    handle,
+                    decision,
+                    attempts=self.busy_attempts,
+                    first_delay_s=self.busy_first_delay_s,
+                )
             except WorkflowUpdateFailedError as error:
-                raise _decision_error(error) from None
+                raise decision_error(error) from None
             except RPCError as error:
                 if error.status is not RPCStatusCode.NOT_FOUND:
                     raise TemporalUnavailable(
@@ -345,59 +330,6 @@ class MemoryClient:
             decided_at=current.decided_at,
         )
         raise DecisionLost(already_decided(outcome).message, outcome) from None
-
-    async def _execute_decision(
-        self, handle: WorkflowHandle[Any, Any], decision: DiffDecision
-    ) -> DecisionOutcome:
-        """The `decide` Update with a bounded retry of our own: the SDK's retries an Update
-        that Temporal refuses for the workflow's Update limits (RESOURCE_EXHAUSTED) without
-        end, so the request is sent with its retries off, under one Update id (a resend of
-        an admitted one attaches to it), and DecisionBusy comes once the attempts are spent.
-        """
-        update_id = uuid.uuid4().hex
-        request = UpdateWorkflowExecutionRequest(
-            namespace=self.client.namespace,
-            workflow_execution=WorkflowExecution(workflow_id=handle.id),
-            request=UpdateRequest(
-                meta=UpdateMeta(update_id=update_id, identity=self.client.identity),
-                input=UpdateInput(
-                    name="decide",
-                    args=Payloads(payloads=await self.client.data_converter.encode([decision])),
-                ),
-            ),
-            wait_policy=WaitPolicy(lifecycle_stage=ACCEPTED),
-        )
-        delay = self.busy_first_delay_s
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                response = await self.client.workflow_service.update_workflow_execution(
-                    request, retry=False
-                )
-            except RPCError as error:
-                if error.status not in BUSY_STATUSES and not _total_update_limit(error):
-                    raise
-                if attempt >= self.busy_attempts or _total_update_limit(error):
-                    raise DecisionBusy(
-                        f"diff {decision.diff_id}: nothing decided, Temporal refused the "
-                        f"decision {attempt} time(s) ({error.message}); retry later, or "
-                        "send it as a signal (wait=False)"
-                    ) from None
-                await asyncio.sleep(delay)
-                delay *= 2
-                continue
-            if response.stage < ACCEPTED:  # the server's long poll ended first: ask again
-                continue
-            if response.outcome.HasField("failure"):  # refused by the validator
-                cause = await self.client.data_converter.decode_failure(response.outcome.failure)
-                raise WorkflowUpdateFailedError(cause)
-            outcome: DecisionOutcome = await handle.get_update_handle(
-                update_id,
-                workflow_run_id=response.update_ref.workflow_execution.run_id,
-                result_type=DecisionOutcome,
-            ).result()
-            return outcome
 
     # -- a person's own memory -------------------------------------------------------------
 
@@ -476,53 +408,3 @@ class MemoryClient:
 
             await self.client.get_schedule_handle(rotation.schedule_id).update(update)
         return rotation.schedule_id
-
-
-BUSY_STATUSES = (
-    RPCStatusCode.RESOURCE_EXHAUSTED,  # "limit on number of concurrent in-flight updates"
-    RPCStatusCode.ABORTED,  # an admitted Update dropped before the workflow took it
-    RPCStatusCode.UNAVAILABLE,
-)
-"""Refusals of an Update that waiting may cure (server: history/workflow/update/registry.go)."""
-
-
-def _total_update_limit(error: RPCError) -> bool:
-    """FAILED_PRECONDITION "limit on number of total updates has been reached": the run has
-    had its 2,000 Updates; waiting does not help, a signal still works."""
-    return error.status is RPCStatusCode.FAILED_PRECONDITION and "total updates" in (error.message)
-
-
-def _decision_error(error: WorkflowUpdateFailedError) -> DurableMemoryError:
-    """The workflow's refusal of a decision as the domain error it is."""
-    cause = _application_cause(error)
-    message = cause.message if cause is not None else str(error)
-    kind = cause.type if cause is not None else None
-    outcome = _details_outcome(cause)
-    if kind == DIFF_ALREADY_DECIDED:
-        return DecisionLost(message, outcome)
-    if kind == DECISION_REFUSED:
-        return DecisionNotApplied(message, outcome)
-    if kind == UNKNOWN_DIFF:
-        return UnknownDiff(message)
-    return DurableMemoryError(message)
-
-
-def _details_outcome(cause: ApplicationError | None) -> DecisionOutcome | None:
-    if cause is None or not cause.details:
-        return None
-    try:
-        return DecisionOutcome.model_validate(cause.details[0])
-    except ValidationError:
-        return None
-
-
-def _application_cause(error: BaseException) -> ApplicationError | None:
-    cause = error.__cause__ or getattr(error, "cause", None)
-    while cause is not None and not isinstance(cause, ApplicationError):
-        cause = getattr(cause, "cause", None) or cause.__cause__
-    return cause
-
-
-def _cause(error: BaseException) -> str:
-    cause = _application_cause(error)
-    return cause.message if cause is not None else str(error)

@@ -1,0 +1,170 @@
+"""How a decision reaches its turn: the `decide` Update, sent with a bounded retry of our own,
+and the turn workflow's refusals as the domain errors the client raises."""
+
+import asyncio
+import uuid
+from typing import Any
+
+from pydantic import ValidationError
+from temporalio.api.common.v1 import Payloads, WorkflowExecution
+from temporalio.api.enums.v1 import UpdateWorkflowExecutionLifecycleStage
+from temporalio.api.update.v1 import Input as UpdateInput
+from temporalio.api.update.v1 import Meta as UpdateMeta
+from temporalio.api.update.v1 import Request as UpdateRequest
+from temporalio.api.update.v1 import WaitPolicy
+from temporalio.api.workflowservice.v1 import UpdateWorkflowExecutionRequest
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from durable_memory.memory.core.errors import (
+    DecisionRefused,
+    DiffAlreadyDecided,
+    DurableMemoryError,
+    UnknownDiff,
+)
+from durable_memory.models.turn import DecisionOutcome, DiffDecision
+from durable_memory.workflows.turn_boundary import (
+    DECISION_REFUSED,
+    DIFF_ALREADY_DECIDED,
+    UNKNOWN_DIFF,
+)
+
+
+class DecisionLost(DiffAlreadyDecided):
+    """A decision that did not apply because the diff was decided first: `outcome` is what
+    did apply (status, commit, who decided and when)."""
+
+    def __init__(self, message: str, outcome: DecisionOutcome | None) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class DecisionNotApplied(DecisionRefused):
+    """A decision that reached its turn and was refused there (the activity failed, the
+    approval conflicted or has no commit): `outcome` is the diff's state, if known."""
+
+    def __init__(self, message: str, outcome: DecisionOutcome | None) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class DecisionBusy(DurableMemoryError):
+    """Temporal refused the decision's Update for its per-workflow Update limits (10 in
+    flight, 2,000 per run) even after backing off. Nothing was decided: retry later, or send
+    the decision as a signal (`wait=False`)."""
+
+    retryable = True
+
+
+BUSY_ATTEMPTS = 6
+BUSY_FIRST_DELAY_S = 0.2
+"""Backoff for an Update refused at the in-flight limit: 0.2, 0.4, ... 1.6 s (~3 s in all)."""
+ACCEPTED = UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_ACCEPTED
+
+
+async def execute_decision(
+    client: Client,
+    handle: WorkflowHandle[Any, Any],
+    decision: DiffDecision,
+    *,
+    attempts: int = BUSY_ATTEMPTS,
+    first_delay_s: float = BUSY_FIRST_DELAY_S,
+) -> DecisionOutcome:
+    """The `decide` Update with a bounded retry of our own: the SDK's retries an Update
+    that Temporal refuses for the workflow's Update limits (RESOURCE_EXHAUSTED) without
+    end, so the request is sent with its retries off, under one Update id (a resend of
+    an admitted one attaches to it), and DecisionBusy comes once the attempts are spent.
+    """
+    update_id = uuid.uuid4().hex
+    request = UpdateWorkflowExecutionRequest(
+        namespace=client.namespace,
+        workflow_execution=WorkflowExecution(workflow_id=handle.id),
+        request=UpdateRequest(
+            meta=UpdateMeta(update_id=update_id, identity=client.identity),
+            input=UpdateInput(
+                name="decide",
+                args=Payloads(payloads=await client.data_converter.encode([decision])),
+            ),
+        ),
+        wait_policy=WaitPolicy(lifecycle_stage=ACCEPTED),
+    )
+    delay = first_delay_s
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            response = await client.workflow_service.update_workflow_execution(request, retry=False)
+        except RPCError as error:
+            if error.status not in BUSY_STATUSES and not _total_update_limit(error):
+                raise
+            if attempt >= attempts or _total_update_limit(error):
+                raise DecisionBusy(
+                    f"diff {decision.diff_id}: nothing decided, Temporal refused the "
+                    f"decision {attempt} time(s) ({error.message}); retry later, or "
+                    "send it as a signal (wait=False)"
+                ) from None
+            await asyncio.sleep(delay)
+            delay *= 2
+            continue
+        if response.stage < ACCEPTED:  # the server's long poll ended first: ask again
+            continue
+        if response.outcome.HasField("failure"):  # refused by the validator
+            cause = await client.data_converter.decode_failure(response.outcome.failure)
+            raise WorkflowUpdateFailedError(cause)
+        outcome: DecisionOutcome = await handle.get_update_handle(
+            update_id,
+            workflow_run_id=response.update_ref.workflow_execution.run_id,
+            result_type=DecisionOutcome,
+        ).result()
+        return outcome
+
+
+BUSY_STATUSES = (
+    RPCStatusCode.RESOURCE_EXHAUSTED,  # "limit on number of concurrent in-flight updates"
+    RPCStatusCode.ABORTED,  # an admitted Update dropped before the workflow took it
+    RPCStatusCode.UNAVAILABLE,
+)
+"""Refusals of an Update that waiting may cure (server: history/workflow/update/registry.go)."""
+
+
+def _total_update_limit(error: RPCError) -> bool:
+    """FAILED_PRECONDITION "limit on number of total updates has been reached": the run has
+    had its 2,000 Updates; waiting does not help, a signal still works."""
+    return error.status is RPCStatusCode.FAILED_PRECONDITION and "total updates" in (error.message)
+
+
+def decision_error(error: WorkflowUpdateFailedError) -> DurableMemoryError:
+    """The workflow's refusal of a decision as the domain error it is."""
+    cause = _application_cause(error)
+    message = cause.message if cause is not None else str(error)
+    kind = cause.type if cause is not None else None
+    outcome = _details_outcome(cause)
+    if kind == DIFF_ALREADY_DECIDED:
+        return DecisionLost(message, outcome)
+    if kind == DECISION_REFUSED:
+        return DecisionNotApplied(message, outcome)
+    if kind == UNKNOWN_DIFF:
+        return UnknownDiff(message)
+    return DurableMemoryError(message)
+
+
+def _details_outcome(cause: ApplicationError | None) -> DecisionOutcome | None:
+    if cause is None or not cause.details:
+        return None
+    try:
+        return DecisionOutcome.model_validate(cause.details[0])
+    except ValidationError:
+        return None
+
+
+def _application_cause(error: BaseException) -> ApplicationError | None:
+    cause = error.__cause__ or getattr(error, "cause", None)
+    while cause is not None and not isinstance(cause, ApplicationError):
+        cause = getattr(cause, "cause", None) or cause.__cause__
+    return cause
+
+
+def failure_message(error: BaseException) -> str:
+    cause = _application_cause(error)
+    return cause.message if cause is not None else str(error)
