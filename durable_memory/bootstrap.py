@@ -93,10 +93,7 @@ def open_stack(
     recall = RecallStore(engine)
     faces = MemoryFaces.over(loaded, git, DiffStore(engine), ArchiveTaskSink(archive))
     return MemoryStack(
-        blocks=faces.blocks,
-        edits=faces.edits,
-        review=faces.review,
-        history=faces.history,
+        **faces.faces(),
         recall=recall,
         archive=archive,
         summaries=SummaryStore(engine),

@@ -35,10 +35,7 @@ class MemoryRig(MemoryFaces):
     ) -> "MemoryRig":
         faces = MemoryFaces.over(profile, git, diffs, archive)
         return cls(
-            blocks=faces.blocks,
-            edits=faces.edits,
-            review=faces.review,
-            history=faces.history,
+            **faces.faces(),
             profile=profile,
             git=git,
             diffs=diffs,

@@ -10,7 +10,8 @@
 They share one `BlockAccess` (access.py), so a block is read and committed one way.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from durable_memory.memory.service.access import BlockAccess, TaskArchive
 from durable_memory.memory.service.blocks import Blocks
@@ -42,3 +43,8 @@ class MemoryFaces:
         return MemoryFaces(
             Blocks(access), DirectEdits(access), Review(access, diffs), History(access)
         )
+
+    def faces(self) -> dict[str, Any]:
+        """The four faces by field name, to build a whole that holds them and more (the
+        stack): `MemoryStack(**faces.faces(), recall=...)`."""
+        return {field.name: getattr(self, field.name) for field in fields(MemoryFaces)}
