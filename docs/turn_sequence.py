@@ -16,7 +16,7 @@ PARTICIPANTS = [
     ("temporal", "Temporal\nserver"),
     ("workflow", "workflows/turn.py\nTurnWorkflow"),
     ("activities", "activities/turn.py\nTurnActivities"),
-    ("domain", "memory/agent/steps.py\nTurnSteps (+ service, tools)"),
+    ("domain", "memory/agent/steps.py\nTurnSteps (+ faces, tools)"),
     ("stores", "git repository ·\nSQL · archive"),
     ("model", "Claude\n(Messages API)"),
 ]

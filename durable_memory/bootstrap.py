@@ -21,6 +21,12 @@ from durable_memory.memory.rotation.planner import DEFAULT_TARGET_RATIO
 from durable_memory.memory.rotation.steps import Rotator
 from durable_memory.memory.rotation.task_sink import ArchiveTaskSink
 from durable_memory.memory.service import MemoryFaces
+from durable_memory.memory.service.access import BlockAccess, TaskArchive
+from durable_memory.memory.service.blocks import Blocks
+from durable_memory.memory.service.edits import DirectEdits
+from durable_memory.memory.service.history import History
+from durable_memory.memory.service.review import Review
+from durable_memory.memory.store.block_repository import BlockRepository
 from durable_memory.memory.store.db import make_engine
 from durable_memory.memory.store.diffs import DiffStore
 from durable_memory.memory.store.git import GitBlockStore
@@ -65,6 +71,17 @@ class MemoryStack(MemoryFaces):
         self.engine.dispose()
 
 
+def memory_faces(
+    profile: AgentProfile,
+    git: BlockRepository,
+    diffs: DiffStore,
+    archive: TaskArchive | None = None,
+) -> MemoryFaces:
+    """The four faces of one store, sharing one BlockAccess."""
+    access = BlockAccess(profile, git, archive)
+    return MemoryFaces(Blocks(access), DirectEdits(access), Review(access, diffs), History(access))
+
+
 def open_archive(data_dir: Path, backend: str, embedder: Embedder) -> ArchiveStore:
     if backend == "embedded":
         return SqliteArchive(data_dir / "archive.db", embedder)
@@ -91,7 +108,7 @@ def open_stack(
     loaded = profile if isinstance(profile, AgentProfile) else load_profile(profile)
     git = GitBlockStore(root)
     recall = RecallStore(engine)
-    faces = MemoryFaces.over(loaded, git, DiffStore(engine), ArchiveTaskSink(archive))
+    faces = memory_faces(loaded, git, DiffStore(engine), ArchiveTaskSink(archive))
     return MemoryStack(
         **faces.faces(),
         recall=recall,

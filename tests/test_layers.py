@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("bootstrap",),  # the composition root: the memory stack built from settings
     ("activities",),  # thin @activity.defn adapters over the stack bootstrap built
     ("workflows",),  # deterministic orchestration, calling activities
+    ("decision_delivery",),  # the client's decision Update to a turn, and its refusals read
     ("workers", "client"),  # run workflows and activities | start and talk to workflows
     ("workers.main",),  # the bodies of `dmem worker` and `dmem dev`: a worker plus the client
     ("demo",),  # `dmem demo`: a dev server, a worker, the client and a scripted model
@@ -35,7 +36,8 @@ DOMAIN: dict[str, tuple[str, ...]] = {
     "memory.core": ("memory.core",),  # blocks, formats, profiles, personas, ids, errors, tokens
     "memory.store": ("memory.core", "memory.store"),  # git repository, SQL tables, diffs, recall
     "memory.archive": ("memory.core", "memory.store", "memory.archive"),  # archival memory
-    "memory.service": ("memory.core", "memory.store", "memory.service"),  # blocks and edits
+    # the faces: blocks, edits, review, history
+    "memory.service": ("memory.core", "memory.store", "memory.service"),
     # context compiler, tools, the turn steps
     "memory.agent": (
         "memory.core",
@@ -54,7 +56,16 @@ DOMAIN: dict[str, tuple[str, ...]] = {
     ),
 }
 
-TEMPORAL_PARTS = ("activities", "workflows", "workers", "client", "workers.main", "cli", "demo")
+TEMPORAL_PARTS = (
+    "activities",
+    "workflows",
+    "decision_delivery",
+    "workers",
+    "client",
+    "workers.main",
+    "cli",
+    "demo",
+)
 """The only parts that may import temporalio: the domain, its models and bootstrap never do."""
 
 ONLY_THROUGH: dict[tuple[str, str], tuple[str, ...]] = {
@@ -67,7 +78,8 @@ STACK_ASSEMBLERS = ("bootstrap", "workers")
 """The only parts that build the memory stack's parts; the others ask bootstrap for a stack."""
 STACK_PARTS = (
     "MemoryStack",
-    "MemoryService",
+    "MemoryFaces",
+    "BlockAccess",
     "GitBlockStore",
     "DiffStore",
     "RecallStore",

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
+from durable_memory.bootstrap import memory_faces
 from durable_memory.memory.agent.context import ContextSources
 from durable_memory.memory.core.profiles import load_profile
 from durable_memory.memory.service import MemoryFaces
@@ -33,7 +34,7 @@ class MemoryRig(MemoryFaces):
         recall: RecallStore,
         archive: TaskArchive | None = None,
     ) -> "MemoryRig":
-        faces = MemoryFaces.over(profile, git, diffs, archive)
+        faces = memory_faces(profile, git, diffs, archive)
         return cls(
             **faces.faces(),
             profile=profile,

@@ -7,20 +7,17 @@
   approved is committed with author = the approver);
 - `History`: versions of a block, restoring one, importing hand edits.
 
-They share one `BlockAccess` (access.py), so a block is read and committed one way.
+They share one `BlockAccess` (access.py), so a block is read and committed one way; the
+composition root builds them over it (`bootstrap.memory_faces`).
 """
 
 from dataclasses import dataclass, fields
 from typing import Any
 
-from durable_memory.memory.service.access import BlockAccess, TaskArchive
 from durable_memory.memory.service.blocks import Blocks
 from durable_memory.memory.service.edits import DirectEdits
 from durable_memory.memory.service.history import History
 from durable_memory.memory.service.review import Review
-from durable_memory.memory.store.block_repository import BlockRepository
-from durable_memory.memory.store.diffs import DiffStore
-from durable_memory.models.blocks import AgentProfile
 
 
 @dataclass(frozen=True)
@@ -29,20 +26,6 @@ class MemoryFaces:
     edits: DirectEdits
     review: Review
     history: History
-
-    @classmethod
-    def over(
-        cls,
-        profile: AgentProfile,
-        git: BlockRepository,
-        diffs: DiffStore,
-        archive: TaskArchive | None = None,
-    ) -> "MemoryFaces":
-        """The four faces of one store, sharing its BlockAccess."""
-        access = BlockAccess(profile, git, archive)
-        return MemoryFaces(
-            Blocks(access), DirectEdits(access), Review(access, diffs), History(access)
-        )
 
     def faces(self) -> dict[str, Any]:
         """The four faces by field name, to build a whole that holds them and more (the
