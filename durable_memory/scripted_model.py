@@ -18,6 +18,10 @@ Script entries:
   `tool_use` blocks without an `id` get `toolu_scripted_NNNN`;
 - `{"status": 529, "error_type": "overloaded_error", "message": "...", "headers": {...}}`:
   an API error with that status, body and headers (e.g. `retry-after`).
+
+A request after the last entry gets a 400 `invalid_request_error` saying the script is
+exhausted (which reply was asked for, how many there are): not retryable, so the turn fails
+with that message.
 """
 
 import json
@@ -116,8 +120,7 @@ class ScriptedModelServer:
             if self._respond is not None:
                 entry = self._respond(body)
             elif self._next >= len(self._script):
-                message = f"scripted model: the script has no response left ({self._next} used)"
-                return 400, _error_body("invalid_request_error", message), {}
+                return 400, _error_body("invalid_request_error", self._exhausted()), {}
             else:
                 entry = self._script[self._next]
             self._next += 1
@@ -145,6 +148,15 @@ class ScriptedModelServer:
             },
         }
         return 200, reply, {}
+
+    def _exhausted(self) -> str:
+        """Said to the caller (and through the turn's failure, to the person running it) when
+        a request finds no reply left: a bad request, so nobody retries it."""
+        count = len(self._script)
+        return (
+            f"scripted model: the script is exhausted: reply {self._next + 1} was asked for, "
+            f"but the script has only {count} {'reply' if count == 1 else 'replies'}"
+        )
 
     def _content(self, entry: dict[str, Any]) -> list[dict[str, Any]]:
         if "text" in entry:

@@ -105,7 +105,10 @@ def test_sdk_retries_are_off() -> None:
 
 
 def test_exhausted_script_is_a_clear_non_retryable_error() -> None:
-    with pytest.raises(ModelCallError, match="the script has no response left") as info:
+    with pytest.raises(
+        ModelCallError,
+        match="the script is exhausted: reply 1 was asked for, but the script has only 0 replies",
+    ) as info:
         _call([])
     assert not info.value.retryable
 
