@@ -250,7 +250,9 @@ def cmd_chat(args: argparse.Namespace) -> None:
     text = reply.reply
     pending = [d for d in reply.diffs if d.status is DiffStatus.PENDING]
     if pending:
-        text += f"\n\n{len(pending)} memory edit(s) await approval (dmem diffs {args.user}):"
+        text += (
+            f"\n\n{len(pending)} memory edit(s) await approval ({_invoked_as()} diffs {args.user}):"
+        )
         text += "".join(f"\n  {d.id}  {d.summary}" for d in pending)
     _emit(args, reply, text)
 
@@ -326,14 +328,24 @@ def _script(args: argparse.Namespace) -> Path | None:
 
 def cmd_scripted_model(args: argparse.Namespace) -> None:
     server = ScriptedModelServer(load_script(args.script), port=args.port).start()
-    print(f"scripted Messages API server (not a model) on {server.url}")
-    print(f"use it with: ANTHROPIC_BASE_URL={server.url} dmem chat USER MESSAGE")
+    print(f"scripted Messages API server (not a model) on {server.url}; Ctrl-C stops", flush=True)
+    print(f"use it with: ANTHROPIC_BASE_URL={server.url} {_invoked_as()} worker", flush=True)
     try:
+        # Serving on once the script is used up: a request past its end gets an error saying
+        # the script is exhausted, where a stopped server would only be "cannot connect".
         while server.remaining > 0:
             time.sleep(0.2)
-        print("script used up; stopping")
+        print("script used up; further requests get an 'exhausted' error", flush=True)
+        while True:
+            time.sleep(0.2)
     finally:
         server.stop()
+
+
+def _invoked_as() -> str:
+    """How to run dmem again in a hint, as this process was run (`.venv/bin/dmem`)."""
+    program = sys.argv[0]
+    return program if Path(program).name == "dmem" else "dmem"
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -342,17 +354,35 @@ def cmd_demo(args: argparse.Namespace) -> None:
     run_demo(data_dir=args.data_dir, as_json=args.json, live=args.live, keep=args.keep)
 
 
+def _common_options(*, before_command: bool) -> argparse.ArgumentParser:
+    """The options every command takes, accepted before the command and after it (where each
+    command's --help shows them). After it they default to SUPPRESS, so an option given
+    before the command is not overwritten by the command's own default."""
+    common = argparse.ArgumentParser(add_help=False)
+    default = None if before_command else argparse.SUPPRESS
+    common.add_argument(
+        "--data-dir", default=default, help="data directory (default: memory.data_dir)"
+    )
+    common.add_argument(
+        "--database-url", default=default, help="SQLAlchemy URL (default: SQLite in the data dir)"
+    )
+    common.add_argument(
+        "--profile", default=default, help="bundled profile name or profile TOML path"
+    )
+    return common
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dmem", description=__doc__)
-    parser.add_argument("--data-dir", help="data directory (default: memory.data_dir)")
-    parser.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in the data dir)")
-    parser.add_argument("--profile", help="bundled profile name or profile TOML path")
+    parser = argparse.ArgumentParser(
+        prog="dmem", description=__doc__, parents=[_common_options(before_command=True)]
+    )
+    after_command = _common_options(before_command=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(
         name: str, func: Callable[[argparse.Namespace], None], help_: str, json_flag: bool = False
     ) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_, description=help_)
+        p = sub.add_parser(name, help=help_, description=help_, parents=[after_command])
         p.set_defaults(func=func)
         if json_flag:
             p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -377,10 +407,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("user")
     p.add_argument("label", nargs="?")
     p.add_argument("--force", action="store_true", help="rotate even under the threshold")
-    archive = sub.add_parser("archive", help="archival memory").add_subparsers(
-        dest="archive_command", required=True, metavar="COMMAND"
+    archive = sub.add_parser(
+        "archive", help="archival memory", description="archival memory", parents=[after_command]
+    ).add_subparsers(dest="archive_command", required=True, metavar="COMMAND")
+    p = archive.add_parser(
+        "search",
+        help="hybrid search of a user's archival memory",
+        description="hybrid search of a user's archival memory",
+        parents=[after_command],
     )
-    p = archive.add_parser("search", help="hybrid search of a user's archival memory")
     p.set_defaults(func=cmd_archive_search)
     p.add_argument("user")
     p.add_argument("query")

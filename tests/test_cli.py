@@ -1,18 +1,20 @@
 """`dmem`: commands work; user errors are one line on stderr and exit status 2."""
 
+import argparse
 import asyncio
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from durable_memory.cli import main
+from durable_memory.cli import build_parser, main
+from durable_memory.client import TurnFailed
 from tests.support.temporal_helpers import rig_settings, running_rig
 
 Runner = Callable[..., tuple[int, str, str]]
@@ -258,3 +260,119 @@ def test_more_user_errors(dmem: Runner, args: tuple[str, ...], message: str) -> 
     assert err.startswith("dmem: error: ")
     assert err.count("\n") == 1
     assert message in err
+
+
+async def test_an_exhausted_model_script_fails_the_turn_saying_so(
+    temporal_env: WorkflowEnvironment,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The scripted model answers a request past its last reply with an API error naming the
+    reply asked for and the script's length; the turn fails with it and the CLI prints it."""
+    settings = rig_settings(tmp_path / "data")
+    for key in ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv(
+        "DMEM_TEMPORAL_ADDRESS", temporal_env.client.service_client.config.target_host
+    )
+    monkeypatch.setenv("DMEM_TASK_QUEUE", settings.temporal.task_queue)
+    base = ["--data-dir", str(settings.memory.data_dir), "--profile", "essay_coach"]
+    exhausted = "the script is exhausted: reply 2 was asked for, but the script has only 1 reply"
+    async with running_rig(temporal_env.client, settings, [{"text": "Hello."}]) as rig:
+        assert await asyncio.to_thread(main, [*base, "chat", "alice", "hi"]) == 0
+        capsys.readouterr()
+        with pytest.raises(TurnFailed, match=exhausted):
+            await rig.client.send_message("alice", "again", turn_id="t2")
+        code = await asyncio.to_thread(main, [*base, "chat", "alice", "once more"])
+        out, err = capsys.readouterr()
+    assert (code, out) == (2, "")
+    assert err.startswith("dmem: error: the turn failed: ")
+    assert err.count("\n") == 1
+    assert exhausted in err
+
+
+@pytest.mark.parametrize("command", ["dev", "worker"])
+def test_no_model_names_both_ways_to_get_one_before_starting_anything(
+    dmem: Runner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("ANTHROPIC_BASE_URL", raising=False)
+    code, out, err = dmem(command)
+    assert (code, out) == (2, "")
+    assert err.startswith("dmem: error: no model configured: ")
+    assert err.count("\n") == 1
+    assert "--model-script FILE" in err
+    assert "ANTHROPIC_API_KEY" in err
+    assert not (tmp_path / "data").exists()  # no dev server, no store: nothing was started
+
+
+def _commands(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Every (sub)command's path and parser, the top level first."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, (*path, name))
+
+
+def _example_value(action: argparse.Action) -> str:
+    if action.choices:
+        return str(next(iter(action.choices)))
+    if action.type is int:
+        return "3"
+    return "0.5" if action.type is float else "x"
+
+
+def _required_words(parser: argparse.ArgumentParser) -> list[str]:
+    """The least a command line needs after this parser's command: its required arguments,
+    then (for a parser of commands) its first command and that command's least."""
+    words: list[str] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            name, sub = next(iter(action.choices.items()))
+            words += [name, *_required_words(sub)]
+        elif action.required:
+            words += [*action.option_strings[-1:], _example_value(action)]
+    return words
+
+
+def test_every_option_help_shows_is_accepted_where_it_shows_it() -> None:
+    """Each option a command's --help shows parses right after that command (the top level's:
+    before any command) and lands in the arguments the command reads."""
+    checked = 0
+    for path, parser in _commands(build_parser()):
+        help_text = parser.format_help()
+        for action in parser._actions:
+            shown = [o for o in action.option_strings if o.startswith("--") and o in help_text]
+            if not shown or action.dest == "help":
+                continue
+            option = shown[-1]
+            value = [] if action.nargs == 0 else [_example_value(action)]
+            argv = [*path, option, *value, *_required_words(parser)]
+            args = build_parser().parse_args(argv)
+            parsed = getattr(args, action.dest)
+            if action.nargs == 0:
+                assert parsed is True, argv
+            else:
+                parsed = parsed[0] if isinstance(parsed, list) else parsed
+                convert = action.type if callable(action.type) else str
+                assert parsed == convert(value[0]), argv
+            checked += 1
+    assert checked > 40
+
+
+@pytest.mark.parametrize("option", ["--data-dir", "--database-url", "--profile"])
+def test_common_options_go_before_or_after_the_command(option: str) -> None:
+    dest = option[2:].replace("-", "_")
+    for argv in (
+        [option, "v", "archive", "search", "alice", "q"],
+        ["archive", option, "v", "search", "alice", "q"],
+        ["archive", "search", "alice", "q", option, "v"],
+        ["demo", "--keep", option, "v"],
+        [option, "v", "demo", "--keep"],
+    ):
+        assert getattr(build_parser().parse_args(argv), dest) == "v", argv
+    assert getattr(build_parser().parse_args(["init", "alice"]), dest) is None
