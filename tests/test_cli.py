@@ -4,6 +4,8 @@ import argparse
 import asyncio
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -15,7 +17,9 @@ from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.cli import build_parser, main
 from durable_memory.client import TurnFailed
+from durable_memory.memory.agent.llm import AnthropicModel, ModelCallError
 from tests.support.temporal_helpers import rig_settings, running_rig
+from tests.test_model_adapter import HELLO, SETTINGS
 
 Runner = Callable[..., tuple[int, str, str]]
 
@@ -376,3 +380,32 @@ def test_common_options_go_before_or_after_the_command(option: str) -> None:
     ):
         assert getattr(build_parser().parse_args(argv), dest) == "v", argv
     assert getattr(build_parser().parse_args(["init", "alice"]), dest) is None
+
+
+def test_scripted_model_command_answers_past_its_script_until_stopped(tmp_path: Path) -> None:
+    """`dmem scripted-model` keeps serving once its script is used up, so the worker gets the
+    'exhausted' error rather than a refused connection it would retry for minutes."""
+    script = tmp_path / "script.json"
+    script.write_text('[{"text": "only reply"}]', encoding="utf-8")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "durable_memory.cli", "scripted-model", str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        first_line = server.stdout.readline()
+        url = re.search(r"http://127\.0\.0\.1:\d+", first_line)
+        assert url, first_line
+        model = AnthropicModel(base_url=url.group())
+        assert model.create(SETTINGS, "s", HELLO, []).text == "only reply"
+        assert "ANTHROPIC_BASE_URL=" in server.stdout.readline()
+        with pytest.raises(ModelCallError, match="reply 2 was asked for, but the script has only"):
+            model.create(SETTINGS, "s", HELLO, [])
+        model.close()
+        assert server.poll() is None
+    finally:
+        server.send_signal(signal.SIGINT)
+        _, err = server.communicate(timeout=30)
+    assert server.returncode == 130, err
