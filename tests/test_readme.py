@@ -147,6 +147,12 @@ def test_every_shell_command_runs_from_the_repository_root(shown: Shown) -> None
         assert found, f"{shown}: {program} is not on PATH in a new shell (write {DMEM}?)"
 
 
+@pytest.mark.parametrize("shown", [c for c in SHOWN if c.where.startswith("README.md")], ids=str)
+def test_the_readme_names_dmem_as_it_runs_from_the_repository_root(shown: Shown) -> None:
+    """In prose too: a newcomer copies `dmem demo --json` as readily as a code block."""
+    assert shown.words[0] != "dmem", f"{shown}: write {DMEM}"
+
+
 def test_the_dmem_the_readme_shows_runs() -> None:
     result = subprocess.run(
         [str(ROOT / DMEM), "--help"], capture_output=True, text=True, cwd=ROOT, check=False
