@@ -296,17 +296,28 @@ async def test_an_exhausted_model_script_fails_the_turn_saying_so(
     assert exhausted in err
 
 
-@pytest.mark.parametrize("command", ["dev", "worker"])
+@pytest.mark.parametrize(
+    ("command", "scripted_way"),
+    [
+        (("dev",), "no model configured: pass --model-script FILE"),
+        (("worker",), "no model configured: pass --model-script FILE"),
+        (("demo", "--live"), "without it the demo is scripted"),
+    ],
+)
 def test_no_model_names_both_ways_to_get_one_before_starting_anything(
-    dmem: Runner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+    dmem: Runner,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    command: tuple[str, ...],
+    scripted_way: str,
 ) -> None:
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     monkeypatch.delenv("ANTHROPIC_BASE_URL", raising=False)
-    code, out, err = dmem(command)
+    code, out, err = dmem(*command)
     assert (code, out) == (2, "")
-    assert err.startswith("dmem: error: no model configured: ")
+    assert err.startswith("dmem: error: ")
     assert err.count("\n") == 1
-    assert "--model-script FILE" in err
+    assert scripted_way in err
     assert "ANTHROPIC_API_KEY" in err
     assert not (tmp_path / "data").exists()  # no dev server, no store: nothing was started
 
