@@ -1,0 +1,160 @@
+"""What the Temporal UI shows of a turn's diffs: its current details, and the preview its
+`diff` query answers, as Markdown rendered from the turn's live state.
+
+The turn renders them again on every change of any of its diffs (pending, approved with its
+commit, rejected, superseded, expired, conflicted: who and when), so the UI never shows a
+decided diff as pending. The UI renders current details as Markdown: headings, lists,
+emphasis, code spans and fenced code blocks render, while its HTML escaping turns a `>`
+blockquote into a literal "> ", so nothing here uses `>` or HTML. Text the agent wrote
+(summaries, reasoning) is escaped so that it cannot open emphasis, links or code.
+
+Pure functions of their arguments, deterministic: the workflow imports this module passed
+through its sandbox.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from durable_memory.memory.core.limits import cut_at_word
+from durable_memory.models.diffs import DiffStatus
+from durable_memory.models.turn import DecisionOutcome, DiffPreview, ProposedDiff
+
+DETAILS_LIMIT = 8000
+"""Characters of current details: every diff's status line always shows, previews only
+while they fit (the `diff` query answers each one whole)."""
+REASONING_CHARS = 400
+HEADING = "### Proposed memory edits"
+
+_MARKDOWN_SPECIALS = frozenset("\\`*_[]#|~")
+
+
+def escape_markdown(text: str) -> str:
+    """`text` as literal characters in Markdown: each character that could open emphasis,
+    code, a link, a heading or a table cell is backslash-escaped."""
+    return "".join(f"\\{c}" if c in _MARKDOWN_SPECIALS else c for c in text)
+
+
+def _when(at: datetime | None) -> str:
+    if at is None:
+        return ""
+    utc = at.astimezone(UTC) if at.tzinfo else at.replace(tzinfo=UTC)
+    return f" at {utc:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def _reason(outcome: DecisionOutcome) -> str:
+    return f": {escape_markdown(cut_at_word(outcome.message, 200))}" if outcome.message else ""
+
+
+def status_line(diff_id: str, outcome: DecisionOutcome | None) -> str:
+    """The diff's id and what became of it: status, who decided, when, and the commit."""
+    head = f"`{diff_id}` · "
+    if outcome is None or outcome.status is DiffStatus.PENDING:
+        return head + "**pending**: awaiting a decision"
+    who = f" by {escape_markdown(outcome.decided_by)}" if outcome.decided_by else ""
+    when = _when(outcome.decided_at)
+    match outcome.status:
+        case DiffStatus.APPROVED:
+            commit = f" · commit `{outcome.commit_sha[:12]}`" if outcome.commit_sha else ""
+            return head + f"**approved**{who}{when}{commit}"
+        case DiffStatus.CONFLICTED:
+            return (
+                head + f"**conflicted**: approved{who}{when}, but the block had changed and "
+                f"the edit no longer applied; memory unchanged{_reason(outcome)}"
+            )
+        case DiffStatus.EXPIRED:
+            return head + f"**expired**{when}: nobody decided it in time"
+        case _:  # rejected, superseded
+            return head + f"**{outcome.status.value}**{who}{when}{_reason(outcome)}"
+
+
+def diff_markdown(
+    diff: ProposedDiff,
+    outcome: DecisionOutcome | None,
+    preview: DiffPreview | None,
+    *,
+    with_preview: bool,
+) -> str:
+    """One diff: its summary as a heading, its status line, and (if asked and known) the
+    agent's reasoning and the unified diff."""
+    lines = [
+        f"#### {escape_markdown(diff.summary) or diff.label}",
+        "",
+        status_line(diff.id, outcome),
+    ]
+    if with_preview and preview is not None:
+        if preview.reasoning:
+            reasoning = escape_markdown(cut_at_word(preview.reasoning, REASONING_CHARS))
+            lines += ["", f"*Why*: {reasoning}"]
+        lines += ["", _fenced(preview.unified_diff)]
+    return "\n".join(lines)
+
+
+def _fenced(text: str) -> str:
+    """`text` in a diff code block whose fence no line of it can close."""
+    fence = "```"
+    while fence in text:
+        fence += "`"
+    return f"{fence}diff\n{text.rstrip()}\n{fence}"
+
+
+@dataclass(frozen=True)
+class TurnDetails:
+    """What the turn's current details are rendered from."""
+
+    diffs: Sequence[ProposedDiff]
+    outcomes: dict[str, DecisionOutcome]
+    previews: dict[str, DiffPreview]
+    failure: str | None = None
+    rejected_signals: list[str] = field(default_factory=list)
+    rejected_count: int = 0
+
+
+def _counts(details: TurnDetails) -> str:
+    counts: dict[str, int] = {}
+    for diff in details.diffs:
+        outcome = details.outcomes.get(diff.id)
+        status = outcome.status.value if outcome else DiffStatus.PENDING.value
+        counts[status] = counts.get(status, 0) + 1
+    return " · ".join(f"{n} {status}" for status, n in counts.items())
+
+
+def render_details(details: TurnDetails) -> str:
+    """The turn's current details: failure (if any), then every diff with its live status,
+    and previews of the pending ones while they fit in DETAILS_LIMIT."""
+    head: list[str] = []
+    if details.failure:
+        head.append(f"**Turn failed**: {escape_markdown(details.failure)}")
+    if details.diffs:
+        head.append(f"{HEADING}\n\n{_counts(details)}")
+    tail: list[str] = []
+    if details.rejected_count:
+        latest = escape_markdown(details.rejected_signals[-1]) if details.rejected_signals else ""
+        tail.append(f"**{details.rejected_count} decision signal(s) refused**; latest: {latest}")
+    budget = DETAILS_LIMIT - sum(len(p) + 2 for p in head + tail)
+    # Every status line first (as many diffs as fit), then previews with what is left.
+    entries: list[str] = []
+    pending: list[tuple[int, ProposedDiff]] = []
+    for diff in details.diffs:
+        outcome = details.outcomes.get(diff.id)
+        entry = diff_markdown(diff, outcome, None, with_preview=False)
+        if len(entry) + 2 > budget - 80:  # room kept for the line naming the rest
+            left = len(details.diffs) - len(entries)
+            entries.append(f"… and {left} more (`dmem diffs USER` lists them)")
+            break
+        budget -= len(entry) + 2
+        if outcome is None or outcome.status is DiffStatus.PENDING:
+            pending.append((len(entries), diff))
+        entries.append(entry)
+    for index, diff in pending:
+        preview = details.previews.get(diff.id)
+        if preview is None:
+            continue
+        full = diff_markdown(diff, None, preview, with_preview=True)
+        if len(full) - len(entries[index]) <= budget:
+            budget -= len(full) - len(entries[index])
+            entries[index] = full
+        else:
+            entries[index] += "\n\n(preview left out here: the `diff` query shows it)"
+            budget -= 60
+    return "\n\n".join(head + entries + tail)
