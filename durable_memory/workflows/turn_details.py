@@ -111,12 +111,12 @@ class TurnDetails:
 
 
 def _counts(details: TurnDetails) -> str:
-    counts: dict[str, int] = {}
-    for diff in details.diffs:
-        outcome = details.outcomes.get(diff.id)
-        status = outcome.status.value if outcome else DiffStatus.PENDING.value
-        counts[status] = counts.get(status, 0) + 1
-    return " · ".join(f"{n} {status}" for status, n in counts.items())
+    """How many diffs are in each status, in DiffStatus's order: `2 pending · 1 approved`."""
+    statuses = [
+        outcome.status if (outcome := details.outcomes.get(d.id)) else DiffStatus.PENDING
+        for d in details.diffs
+    ]
+    return " · ".join(f"{statuses.count(s)} {s.value}" for s in DiffStatus if s in statuses)
 
 
 def render_details(details: TurnDetails) -> str:
