@@ -250,3 +250,21 @@ def test_summaries_are_cut_at_word_boundaries() -> None:
     assert len(cut) <= 40
     assert cut_at_word("one\n  two", 40) == "one two"  # one line, always
     assert cut_at_word("x" * 50, 10) == "x" * 9 + CUT_MARK  # one word longer than the limit
+
+
+def _documented_filters() -> list[str]:
+    """The list filters of docs/operations.md's table, as an operator copies them."""
+    text = (Path(__file__).parent.parent / "docs" / "operations.md").read_text()
+    section = text.split("## The list filters an operator uses")[1].split("\n## ")[0]
+    cells = [row.split(" | ") for row in section.splitlines() if row.startswith("| ")]
+    return [c[1].strip("`") for c in cells if c[1].startswith("`")]
+
+
+async def test_every_documented_filter_runs_on_the_dev_server(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    filters = _documented_filters()
+    assert len(filters) == 7
+    for query in filters:
+        # The server refuses a filter it cannot parse or a search attribute it does not know.
+        [w.id async for w in temporal_env.client.list_workflows(query)]
