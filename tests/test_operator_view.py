@@ -15,8 +15,15 @@ from temporalio.testing import WorkflowEnvironment
 from durable_memory.memory.core.limits import CUT_MARK, cut_at_word
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.history import Author, AuthorKind
+from durable_memory.models.turn import DecisionOutcome, DiffPreview, ProposedDiff
 from durable_memory.workflows.common import DIFF_IDS, FAILED_STEP, PROFILE
 from durable_memory.workflows.turn import TurnWorkflow
+from durable_memory.workflows.turn_details import (
+    DETAILS_LIMIT,
+    PREVIEW_LEFT_OUT,
+    TurnDetails,
+    render_details,
+)
 from tests.support.agent_helpers import edit_block
 from tests.support.temporal_helpers import (
     current_details,
@@ -268,3 +275,34 @@ async def test_every_documented_filter_runs_on_the_dev_server(
     for query in filters:
         # The server refuses a filter it cannot parse or a search attribute it does not know.
         [w.id async for w in temporal_env.client.list_workflows(query)]
+
+
+def test_details_stay_bounded_and_well_formed_with_many_large_diffs() -> None:
+    """Every diff keeps its whole status line and no code fence is cut open, however many
+    diffs and however long their previews: what does not fit is named, never cut mid-line."""
+    diffs = [
+        ProposedDiff(id=f"{n:032x}", label="notes", summary=f"Edit {n}", status=DiffStatus.PENDING)
+        for n in range(300)
+    ]
+    previews = {
+        d.id: DiffPreview(diff_id=d.id, reasoning="why " * 200, unified_diff="+line\n" * 800)
+        for d in diffs
+    }
+    decided = DecisionOutcome(
+        diff_id=diffs[1].id, status=DiffStatus.APPROVED, commit_sha="ab" * 20, decided_by="x"
+    )
+    text = render_details(
+        TurnDetails(diffs=diffs, outcomes={decided.diff_id: decided}, previews=previews)
+    )
+    assert len(text) <= DETAILS_LIMIT
+    assert text.count("```") % 2 == 0
+    assert text.startswith("### Proposed memory edits\n\n299 pending · 1 approved")
+    assert f"`{diffs[1].id}` · **approved** by x · commit `{'ab' * 6}`" in text
+    assert "(preview left out here: the `diff` query shows it)" in text
+    assert re.search(r"\n… and \d+ more \(`dmem diffs USER` lists them\)", text)
+    # Fewer diffs: previews fill what the status lines leave, in order, each whole or not at all.
+    text = render_details(TurnDetails(diffs=diffs[:3], outcomes={}, previews=previews))
+    assert text.count("+line") == 800
+    assert text.count(PREVIEW_LEFT_OUT) == 2
+    assert "*Why*: why why" in text
+    assert "why wh…" not in text  # the reasoning is cut at a word

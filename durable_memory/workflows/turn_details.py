@@ -27,6 +27,7 @@ DETAILS_LIMIT = 8000
 while they fit (the `diff` query answers each one whole)."""
 REASONING_CHARS = 400
 HEADING = "### Proposed memory edits"
+PREVIEW_LEFT_OUT = "\n\n(preview left out here: the `diff` query shows it)"
 
 _MARKDOWN_SPECIALS = frozenset("\\`*_[]#|~")
 
@@ -134,29 +135,29 @@ def render_details(details: TurnDetails) -> str:
         latest = escape_markdown(details.rejected_signals[-1]) if details.rejected_signals else ""
         tail.append(f"**{details.rejected_count} decision signal(s) refused**; latest: {latest}")
     budget = DETAILS_LIMIT - sum(len(p) + 2 for p in head + tail)
-    # Every status line first (as many diffs as fit), then previews with what is left.
+    # Every status line first (as many diffs as fit, a pending one with its note that the
+    # preview is left out), then each pending diff's preview in place of that note while
+    # they fit.
     entries: list[str] = []
-    pending: list[tuple[int, ProposedDiff]] = []
+    previewed: list[tuple[int, ProposedDiff, DiffPreview]] = []
     for diff in details.diffs:
         outcome = details.outcomes.get(diff.id)
         entry = diff_markdown(diff, outcome, None, with_preview=False)
+        preview = details.previews.get(diff.id)
+        if preview is not None and (outcome is None or outcome.status is DiffStatus.PENDING):
+            previewed.append((len(entries), diff, preview))
+            entry += PREVIEW_LEFT_OUT
         if len(entry) + 2 > budget - 80:  # room kept for the line naming the rest
+            if previewed and previewed[-1][0] == len(entries):
+                previewed.pop()
             left = len(details.diffs) - len(entries)
             entries.append(f"… and {left} more (`dmem diffs USER` lists them)")
             break
         budget -= len(entry) + 2
-        if outcome is None or outcome.status is DiffStatus.PENDING:
-            pending.append((len(entries), diff))
         entries.append(entry)
-    for index, diff in pending:
-        preview = details.previews.get(diff.id)
-        if preview is None:
-            continue
+    for index, diff, preview in previewed:
         full = diff_markdown(diff, None, preview, with_preview=True)
         if len(full) - len(entries[index]) <= budget:
             budget -= len(full) - len(entries[index])
             entries[index] = full
-        else:
-            entries[index] += "\n\n(preview left out here: the `diff` query shows it)"
-            budget -= 60
     return "\n\n".join(head + entries + tail)
