@@ -521,14 +521,18 @@ class TurnWorkflow:
     @workflow.query
     def diff(self, diff_id: str) -> DiffView:
         """One of this turn's diffs: its status, outcome and preview (Markdown as the UI
-        shows it). `UnknownDiff` if the turn did not propose it (or has not replied yet)."""
+        shows it). `UnknownDiff` if the turn did not propose it, or is still replying."""
         proposed = (
             next((d for d in self._reply.diffs if d.id == diff_id), None) if self._reply else None
         )
         if self._turn is None or proposed is None:
+            why = (
+                "is still replying; ask again once it has"
+                if diff_id in self._proposed
+                else f"proposed no diff {diff_id!r}"
+            )
             raise ApplicationError(
-                f"turn {workflow.info().workflow_id} proposed no diff {diff_id!r}",
-                type=UNKNOWN_DIFF,
+                short_message(f"turn {workflow.info().workflow_id} {why}"), type=UNKNOWN_DIFF
             )
         outcome = self._outcomes.get(diff_id)
         return DiffView(
