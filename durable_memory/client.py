@@ -57,6 +57,7 @@ from durable_memory.memory.core.errors import (
 )
 from durable_memory.memory.core.formats import from_markdown
 from durable_memory.memory.core.ids import validate_diff_id, validate_label, validate_user_id
+from durable_memory.memory.core.limits import cut_at_word
 from durable_memory.memory.store.git import validate_author_name
 from durable_memory.models.archive import ArchiveSearch, PassageHit
 from durable_memory.models.context import ContextWindowOverview
@@ -198,7 +199,7 @@ class MemoryClient:
             task_queue=self.settings.temporal.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             search_attributes=TypedSearchAttributes([SearchAttributePair(USER_ID, user_id)]),
-            static_summary=f"Turn of {user_id}: {message[:100]}",
+            static_summary=f"Turn of {user_id}: {cut_at_word(message, 100)}",
         )
         try:
             result: TurnReply = await self.client.execute_update_with_start_workflow(

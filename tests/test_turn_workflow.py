@@ -22,6 +22,8 @@ from durable_memory.workflows.common import PENDING_DIFFS
 from durable_memory.workflows.turn import TurnWorkflow
 from tests.support.agent_helpers import edit_block
 from tests.support.temporal_helpers import (
+    current_details,
+    listed_workflow_ids,
     rig_settings,
     running_rig,
     time_skipping,
@@ -227,21 +229,13 @@ async def test_operators_find_turns_awaiting_approval_with_one_query(
     async with running_rig(temporal_env.client, settings, THREE_EDITS) as rig:
         reply = await rig.client.send_message("dora", "Hi, I'm Dora", turn_id="v1")
         query = "DmemUserId = 'dora' AND DmemTurnStatus = 'awaiting_approval'"
-        found: list[str] = []
-        for _ in range(50):  # visibility is eventually consistent
-            found = [w.id async for w in temporal_env.client.list_workflows(query)]
-            if found:
-                break
-            await asyncio.sleep(0.1)
-        assert found == [reply.workflow_id]
+        assert await listed_workflow_ids(temporal_env.client, query) == [reply.workflow_id]
         description = await temporal_env.client.get_workflow_handle(reply.workflow_id).describe()
         assert description.typed_search_attributes.get(PENDING_DIFFS) == 3
         assert await description.static_summary() == "Turn of dora: Hi, I'm Dora"
-        details = await temporal_env.client.get_workflow_handle(reply.workflow_id).query(
-            "__temporal_workflow_metadata"
-        )
-        assert "### Proposed memory edits" in details.current_details
-        assert "+Alice" in details.current_details
+        details = await current_details(temporal_env.client.get_workflow_handle(reply.workflow_id))
+        assert "### Proposed memory edits" in details
+        assert "+Alice" in details
         for diff in reply.diffs:
             await rig.client.reject(diff.id, "ms-rivera", "not now")
         await turn_outcome(rig.client, "dora", "v1")

@@ -85,7 +85,7 @@ class StandInActivities:
             ProposedDiff(id=d, label="student", summary="s", status=DiffStatus.PENDING)
             for d in finish.diff_ids
         ]
-        return FinishedTurn(diffs=diffs, details_markdown="### Proposed memory edits")
+        return FinishedTurn(diffs=diffs)
 
     @activity.defn(name="dmem.decide")
     async def decide(self, decision: DiffDecision) -> DecisionOutcome:

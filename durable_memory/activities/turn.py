@@ -12,6 +12,7 @@ from durable_memory.memory.agent.steps import TurnSteps
 from durable_memory.memory.core.errors import DiffAlreadyDecided
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.turn import (
+    DECISION_OF_STATUS,
     DecisionOutcome,
     DiffDecision,
     FinishedTurn,
@@ -34,6 +35,7 @@ def _outcome(diff: PendingDiff, message: str = "") -> DecisionOutcome:
         label=diff.label,
         decided_by=diff.decided_by,
         decided_at=diff.decided_at,
+        decision=DECISION_OF_STATUS.get(diff.status),
     )
 
 

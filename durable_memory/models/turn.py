@@ -79,6 +79,9 @@ class PreparedTurn(BaseModel):
 
     total_tokens: int
     share_used: float
+    profile: str | None = None
+    """The agent profile the turn runs with (the DmemProfile search attribute); None in a
+    result recorded before turns reported it."""
 
 
 class StepInput(BaseModel):
@@ -121,6 +124,18 @@ class ProposedDiff(BaseModel):
     status: DiffStatus
 
 
+class DiffPreview(BaseModel):
+    """What a person reviewing a proposed diff reads besides its summary: the agent's
+    reasoning and the unified diff against the block as it was when the turn finished (both
+    bounded by the activity that makes them)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    diff_id: str
+    reasoning: str
+    unified_diff: str
+
+
 class FinishInput(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -135,8 +150,9 @@ class FinishedTurn(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     diffs: list[ProposedDiff]
-    details_markdown: str
-    """The proposed diffs as Markdown for the Temporal UI's current details (bounded)."""
+    previews: list[DiffPreview] = []
+    """One per pending diff: the turn's current details and its `diff` query are rendered
+    from these and the diffs' live outcomes (empty in a result recorded before)."""
 
 
 class TurnReply(BaseModel):
@@ -177,7 +193,38 @@ class DecisionOutcome(BaseModel):
     message: str = ""
     label: str | None = None
     decided_by: str | None = None
+    """Who decided it: the approver of an approval or a rejection (also of one that
+    conflicted); None for an expired or superseded diff."""
     decided_at: datetime | None = None
+    decision: Literal["approve", "reject"] | None = None
+    """The human decision that settled it (an approval that conflicted: "approve"); None
+    while pending, and for an expired or superseded diff, which no person decided."""
+
+
+DECISION_OF_STATUS: dict[DiffStatus, Literal["approve", "reject"]] = {
+    DiffStatus.APPROVED: "approve",
+    DiffStatus.CONFLICTED: "approve",
+    DiffStatus.REJECTED: "reject",
+}
+"""The decision each decided status records (`DecisionOutcome.decision`)."""
+
+
+class DiffView(BaseModel):
+    """What the turn's `diff` query answers for one of its diffs: where it belongs, what
+    became of it, and its preview as the Temporal UI shows it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    diff_id: str
+    user_id: str
+    turn_id: str
+    workflow_id: str
+    label: str
+    summary: str
+    status: DiffStatus
+    outcome: DecisionOutcome | None
+    """Set once the diff is no longer pending."""
+    preview_markdown: str
 
 
 class RejectedSignals(BaseModel):
@@ -191,6 +238,9 @@ class RejectedSignals(BaseModel):
 
 
 class TurnOutcome(BaseModel):
+    """A turn's result. Each of `decisions` names the diff's status, the decision and who
+    made it (`decision`, `decided_by`, `decided_at`) and, for an approval, its commit."""
+
     model_config = ConfigDict(frozen=True)
 
     turn_id: str

@@ -11,7 +11,14 @@ from durable_memory.models.activity_settings import ActivitySettings
 USER_ID = SearchAttributeKey.for_keyword("DmemUserId")
 TURN_STATUS = SearchAttributeKey.for_keyword("DmemTurnStatus")
 PENDING_DIFFS = SearchAttributeKey.for_int("DmemPendingDiffs")
-SEARCH_ATTRIBUTES = (USER_ID, TURN_STATUS, PENDING_DIFFS)
+PROFILE = SearchAttributeKey.for_keyword("DmemProfile")
+"""The agent profile the turn runs with."""
+FAILED_STEP = SearchAttributeKey.for_keyword("DmemFailedStep")
+"""The step a failed turn failed at: an activity type (`dmem.call_model`), or `input`."""
+DIFF_IDS = SearchAttributeKey.for_keyword_list("DmemDiffIds")
+"""Every diff the turn proposed: `DmemDiffIds = '<id>'` finds the turn of a diff."""
+SEARCH_ATTRIBUTES = (USER_ID, TURN_STATUS, PENDING_DIFFS, PROFILE, FAILED_STEP, DIFF_IDS)
+"""Registered by `dmem dev` and the tests' servers; docs/operations.md for another cluster."""
 
 
 def activity_options(settings: ActivitySettings) -> dict[str, Any]:

@@ -27,9 +27,10 @@ types; `decision_queue`: the queue and its answers).
 
 import contextlib
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RawValue
+from temporalio.common import RawValue, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
@@ -41,6 +42,8 @@ with workflow.unsafe.imports_passed_through():
     from durable_memory.models.turn import (
         DecisionOutcome,
         DiffDecision,
+        DiffPreview,
+        DiffView,
         FinishInput,
         ProposedDiff,
         RejectedSignals,
@@ -54,7 +57,10 @@ with workflow.unsafe.imports_passed_through():
         turn_workflow_id,
     )
     from durable_memory.workflows.common import (
+        DIFF_IDS,
+        FAILED_STEP,
         PENDING_DIFFS,
+        PROFILE,
         TURN_STATUS,
         USER_ID,
         activity_options,
@@ -71,10 +77,18 @@ with workflow.unsafe.imports_passed_through():
         is_own_outcome,
         step_failure,
     )
+    from durable_memory.workflows.turn_details import TurnDetails, diff_markdown, render_details
 
 ANSWER_BEFORE_ROTATION_CHECK = "answer-decision-before-rotation-check"
 """Patch: a decision's Update is answered once its commit exists; the rotation check after
 it no longer delays the approver. Histories recorded before it replay the old order."""
+
+OPERATOR_SEARCH_ATTRIBUTES = "operator-search-attributes"
+"""Patch: the turn upserts DmemProfile, DmemDiffIds and DmemFailedStep. Histories recorded
+before it issue none of those commands and replay without them."""
+
+FAILED_INPUT_STEP = "input"
+"""DmemFailedStep of a turn whose input was refused: no step ran."""
 
 RECENT_REJECTIONS = 10
 
@@ -101,7 +115,7 @@ class TurnWorkflow:
         self._open: dict[str, ProposedDiff] = {}
         self._outcomes: dict[str, DecisionOutcome] = {}
         self._decisions: DecisionQueue[DecisionAnswer] = DecisionQueue()
-        self._details = ""
+        self._previews: dict[str, DiffPreview] = {}
         self._rejected = 0
         self._recent_rejections: list[str] = []
 
@@ -111,11 +125,11 @@ class TurnWorkflow:
     async def run(self, turn: RawValue) -> TurnOutcome:  # noqa: ARG002 (decoded in __init__)
         if self._turn is None:
             assert self._failure is not None
-            return await self._fail(self._failure)
+            return await self._fail(self._failure, FAILED_INPUT_STEP)
         try:
             return await self._run(self._turn)
         except ActivityError as error:
-            return await self._fail(step_failure(error))
+            return await self._fail(step_failure(error), error.activity_type)
 
     async def _run(self, turn: TurnInput) -> TurnOutcome:
         # Set here, not by the starter, so a caller in any language gets them.
@@ -127,12 +141,14 @@ class TurnWorkflow:
             ]
         )
         memory = activity_options(turn.activities.memory)
-        await workflow.execute_activity_method(
+        prepared = await workflow.execute_activity_method(
             TurnActivities.prepare_turn,
             turn,
             summary="record the message, compile context",
             **memory,
         )
+        if prepared.profile is not None:
+            self._upsert_for_operators(PROFILE.value_set(prepared.profile))
         text, stopped = await self._steps(turn)
         finished = await workflow.execute_activity_method(
             TurnActivities.finish_turn,
@@ -155,6 +171,7 @@ class TurnWorkflow:
             diffs=finished.diffs,
             stopped_at_step_limit=stopped,
         )
+        self._previews = {p.diff_id: p for p in finished.previews}
         for diff in finished.diffs:
             if diff.status is DiffStatus.PENDING:
                 self._open.setdefault(diff.id, diff)
@@ -162,9 +179,8 @@ class TurnWorkflow:
                 self._outcomes[diff.id] = DecisionOutcome(
                     diff_id=diff.id, status=diff.status, label=diff.label
                 )
+        self._show_details()
         if self._open:
-            self._details = finished.details_markdown
-            self._show_details()
             await self._await_decisions(turn)
         self._close_decisions()
         final = (
@@ -181,9 +197,11 @@ class TurnWorkflow:
             status=final,
         )
 
-    async def _fail(self, failure: ApplicationError) -> TurnOutcome:
-        """End the turn with `failure`: its diffs expired, waiting callers answered."""
+    async def _fail(self, failure: ApplicationError, step: str) -> TurnOutcome:
+        """End the turn with `failure` at `step`: its diffs expired, waiting callers
+        answered."""
         self._failure = failure
+        self._upsert_for_operators(FAILED_STEP.value_set(step))
         self._close_decisions()
         undecided = [d for d in self._proposed if d not in self._outcomes]
         if undecided and self._turn is not None:
@@ -195,7 +213,6 @@ class TurnWorkflow:
                 workflow.logger.warning("could not expire the failed turn's diffs: %s", error)
         self._close_decisions()
         self._set_status(TurnStatus.FAILED)
-        self._details = f"**Turn failed**: {failure.message}"
         self._show_details()
         await workflow.wait_condition(workflow.all_handlers_finished)
         raise failure
@@ -222,6 +239,8 @@ class TurnWorkflow:
                 **activity_options(turn.activities.memory),
             )
             self._proposed.extend(tools.diff_ids)
+            if tools.diff_ids:
+                self._upsert_for_operators(DIFF_IDS.value_set(list(self._proposed)))
             for old in tools.superseded:
                 if old.turn_id and old.turn_id != turn.turn_id:
                     await self._tell_superseded(turn.user_id, old.turn_id, old.diff_id)
@@ -312,6 +331,7 @@ class TurnWorkflow:
             if not committed:  # stays open: approving again completes the commit
                 self._open.setdefault(outcome.diff_id, self._diff_of(outcome))
                 self._outcomes.pop(outcome.diff_id, None)
+                self._show_details()
             reason = outcome.message or "the approval has no commit yet"
             return decision_refused(
                 f"the {decision.decision} of diff {decision.diff_id} was not applied "
@@ -377,6 +397,12 @@ class TurnWorkflow:
             self._open.pop(outcome.diff_id, None)
             self._outcomes[outcome.diff_id] = outcome
         workflow.upsert_search_attributes([PENDING_DIFFS.value_set(len(self._open))])
+        self._show_details()
+
+    def _upsert_for_operators(self, update: SearchAttributeUpdate[Any]) -> None:
+        """Set one of the search attributes added for operators (see the patch's note)."""
+        if workflow.patched(OPERATOR_SEARCH_ATTRIBUTES):
+            workflow.upsert_search_attributes([update])
 
     def _set_status(self, status: TurnStatus) -> None:
         self._status = status
@@ -394,13 +420,16 @@ class TurnWorkflow:
         self._show_details()
 
     def _show_details(self) -> None:
-        details = self._details
-        if self._rejected:
-            details += (
-                f"\n\n**{self._rejected} decision signal(s) refused**; latest: "
-                f"{self._recent_rejections[-1]}"
-            )
-        workflow.set_current_details(details)
+        """Render the current details from the live state: called on every change."""
+        details = TurnDetails(
+            diffs=self._reply.diffs if self._reply else [],
+            outcomes=self._outcomes,
+            previews=self._previews,
+            failure=self._failure.message if self._failure else None,
+            rejected_signals=self._recent_rejections,
+            rejected_count=self._rejected,
+        )
+        workflow.set_current_details(render_details(details))
 
     # -- handlers --------------------------------------------------------------------------
 
@@ -485,8 +514,40 @@ class TurnWorkflow:
                     status=DiffStatus.SUPERSEDED,
                     label=diff.label,
                     message="superseded by a newer proposal",
+                    decided_at=workflow.now(),
                 )
             )
+
+    @workflow.query
+    def diff(self, diff_id: str) -> DiffView:
+        """One of this turn's diffs: its status, outcome and preview (Markdown as the UI
+        shows it). `UnknownDiff` if the turn did not propose it, or is still replying."""
+        proposed = (
+            next((d for d in self._reply.diffs if d.id == diff_id), None) if self._reply else None
+        )
+        if self._turn is None or proposed is None:
+            why = (
+                "is still replying; ask again once it has"
+                if diff_id in self._proposed
+                else f"proposed no diff {diff_id!r}"
+            )
+            raise ApplicationError(
+                short_message(f"turn {workflow.info().workflow_id} {why}"), type=UNKNOWN_DIFF
+            )
+        outcome = self._outcomes.get(diff_id)
+        return DiffView(
+            diff_id=diff_id,
+            user_id=self._turn.user_id,
+            turn_id=self._turn.turn_id,
+            workflow_id=workflow.info().workflow_id,
+            label=proposed.label,
+            summary=proposed.summary,
+            status=outcome.status if outcome else DiffStatus.PENDING,
+            outcome=outcome,
+            preview_markdown=diff_markdown(
+                proposed, outcome, self._previews.get(diff_id), with_preview=True
+            ),
+        )
 
     @workflow.query
     def open_diffs(self) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.api.testservice.v1 import LockTimeSkippingRequest, UnlockTimeSkippingRequest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
@@ -122,6 +122,25 @@ async def turn_outcome(client: MemoryClient, user_id: str, turn_id: str) -> Turn
     )
     result: TurnOutcome = await handle.result()
     return result
+
+
+async def listed_workflow_ids(client: Client, query: str) -> list[str]:
+    """The ids of the workflows a list filter finds, once it finds any (visibility is
+    eventually consistent); [] if it finds none within a few seconds."""
+    found: list[str] = []
+    for _ in range(50):
+        found = [w.id async for w in client.list_workflows(query)]
+        if found:
+            break
+        await asyncio.sleep(0.1)
+    return found
+
+
+async def current_details(handle: WorkflowHandle[Any, Any]) -> str:
+    """A workflow's current details, as the Temporal UI reads them."""
+    metadata = await handle.query("__temporal_workflow_metadata")
+    details: str = metadata.current_details
+    return details
 
 
 async def workflow_result(

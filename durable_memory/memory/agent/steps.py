@@ -39,6 +39,7 @@ from durable_memory.models.limits import MAX_REPLY_TEXT_CHARS, MAX_TOOL_CALLS_PE
 from durable_memory.models.llm import ChatMessage, ModelReply, TextBlock, ToolResultBlock
 from durable_memory.models.recall import MessageRole, NewMessage, RecallMessage
 from durable_memory.models.turn import (
+    DiffPreview,
     FinishedTurn,
     FinishInput,
     ModelStepResult,
@@ -56,7 +57,20 @@ SUMMARY_SYSTEM = (
     "decisions, open questions, facts about the user. Plain prose, no preamble. Each line of "
     'the conversation is `role: "content"`, the content a JSON string written by that role.'
 )
-DETAILS_LIMIT = 8000
+MAX_PREVIEW_CHARS = 6000
+"""Of one diff's unified diff in a turn's state (its `diff` query, the UI's details):
+`dmem diffs` shows a longer one whole."""
+MAX_PREVIEW_REASONING_CHARS = 2000
+
+
+def _bounded_preview(unified_diff: str) -> str:
+    """The unified diff, cut after the last whole line that fits in MAX_PREVIEW_CHARS."""
+    if len(unified_diff) <= MAX_PREVIEW_CHARS:
+        return unified_diff
+    kept = unified_diff[:MAX_PREVIEW_CHARS].rsplit("\n", 1)[0]
+    return f"{kept}\n... ({len(unified_diff) - len(kept)} more characters: dmem diffs USER)\n"
+
+
 """Characters of diff previews shown as a workflow's current details in the UI."""
 
 
@@ -247,6 +261,7 @@ class TurnSteps:
         return PreparedTurn(
             total_tokens=context.overview.total_tokens,
             share_used=context.overview.share_used,
+            profile=sources.blocks.profile.name,
         )
 
     def call_model(self, step: StepInput) -> ModelStepResult:
@@ -311,20 +326,19 @@ class TurnSteps:
                 finish.user_id, finish.turn_id, [note], first_seq=TurnPositions.STEP_LIMIT_NOTE
             )
         diffs = [sources.review.get(d, finish.user_id) for d in finish.diff_ids]
-        lines = ["### Proposed memory edits", ""]
-        for diff in diffs:
-            lines.append(f"- `{diff.id}` **{diff.summary}** ({diff.status.value})")
-            if diff.status is DiffStatus.PENDING:
-                lines.append(f"  > {diff.reasoning}" if diff.reasoning else "")
-                preview = sources.review.preview(diff.id, finish.user_id)
-                lines.append("```diff\n" + preview + "```")
-        details = "\n".join(lines)
-        if len(details) > DETAILS_LIMIT:
-            details = details[:DETAILS_LIMIT] + "\n\n(truncated; `dmem diffs USER` shows all)"
+        previews = [
+            DiffPreview(
+                diff_id=d.id,
+                reasoning=cut_text(d.reasoning, MAX_PREVIEW_REASONING_CHARS),
+                unified_diff=_bounded_preview(sources.review.preview(d.id, finish.user_id)),
+            )
+            for d in diffs
+            if d.status is DiffStatus.PENDING
+        ]
         return FinishedTurn(
             diffs=[
                 ProposedDiff(id=d.id, label=d.label, summary=d.summary, status=d.status)
                 for d in diffs
             ],
-            details_markdown=details,
+            previews=previews,
         )

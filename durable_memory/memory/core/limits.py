@@ -33,3 +33,22 @@ def cut_text(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]} [... cut: {len(text) - limit} more characters not shown]"
+
+
+CUT_MARK = "…"
+
+
+def cut_at_word(text: str, limit: int) -> str:
+    """`text` on one line (runs of whitespace as one space), at most `limit` characters: if
+    longer, cut at the last word boundary that fits and marked with '…'. A word is split only
+    when the first word alone is longer than the limit. For summaries a person reads, where
+    a word cut in half reads as a different word."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    head = flat[: max(limit - len(CUT_MARK), 1)]
+    if flat[len(head)] != " ":  # the cut falls inside a word: keep only whole words
+        space = head.rfind(" ")
+        if space > 0:
+            head = head[:space]
+    return head.rstrip() + CUT_MARK

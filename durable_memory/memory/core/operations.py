@@ -12,6 +12,7 @@ from durable_memory.memory.core.blocks import (
     validate_fields,
 )
 from durable_memory.memory.core.errors import OperationNotApplicable
+from durable_memory.memory.core.limits import cut_at_word
 from durable_memory.models.blocks import BlockFields, BlockKind, BlockSpec, FieldType, SessionState
 from durable_memory.models.operations import (
     AddContext,
@@ -212,32 +213,33 @@ def conflict_reason(
 
 
 def describe(op: EditOperation, label: str) -> str:
-    """A one-line summary for commit messages and diff lists."""
+    """A one-line summary for commit messages, diff lists and the Temporal UI: quoted values
+    are cut at word boundaries (`cut_at_word`), never mid-word."""
     match op:
         case AppendText(content=c):
-            return f"Append to {label}: {c[:60]}"
+            return f"Append to {label}: {cut_at_word(c, 60)}"
         case ReplaceText(old_content=old, new_content=new):
-            return f"Replace in {label}: {old[:30]!r} -> {new[:30]!r}"
+            return f"Replace in {label}: {cut_at_word(old, 30)!r} -> {cut_at_word(new, 30)!r}"
         case InsertText(insert_line=line):
             return f"Insert into {label} at line {line}"
         case RethinkText() | ReplaceFields():
             return f"Rewrite {label}"
         case SetField(field=name, value=value):
-            return f"Set {label}.{name} = {str(value)[:60]}"
+            return f"Set {label}.{name} = {cut_at_word(str(value), 60)}"
         case AddItem(field=name, value=value):
-            return f"Add to {label}.{name}: {value[:60]}"
+            return f"Add to {label}.{name}: {cut_at_word(value, 60)}"
         case RemoveItem(field=name, value=value):
-            return f"Remove from {label}.{name}: {value[:60]}"
+            return f"Remove from {label}.{name}: {cut_at_word(value, 60)}"
         case SetTask(task=task):
-            return f"Set task in {label}: {task[:60]}"
+            return f"Set task in {label}: {cut_at_word(task, 60)}"
         case ClearTask(archive=archive):
             return f"Clear task in {label}" + (" (archived)" if archive else "")
         case LearnPreference(preference=p):
-            return f"Learn preference in {label}: {p[:60]}"
+            return f"Learn preference in {label}: {cut_at_word(p, 60)}"
         case LearnFact(fact=f):
-            return f"Learn fact in {label}: {f[:60]}"
+            return f"Learn fact in {label}: {cut_at_word(f, 60)}"
         case AddContext(note=n):
-            return f"Add context to {label}: {n[:60]}"
+            return f"Add context to {label}: {cut_at_word(n, 60)}"
     raise AssertionError(op)
 
 
