@@ -16,7 +16,7 @@ from durable_memory.memory.agent.llm import AnthropicModel, ModelConfigError
 from durable_memory.memory.agent.steps import ChatModel
 from durable_memory.scripted_model import ScriptedModelServer, load_script
 from durable_memory.workers.dev_server import start_dev_server
-from durable_memory.workers.worker import run_worker
+from durable_memory.workers.worker import require_search_attributes, run_worker
 
 NO_MODEL = (
     "no model configured: pass --model-script FILE to serve a scripted model (for example "
@@ -51,6 +51,7 @@ def _stop_on_signals(stop: asyncio.Event) -> None:
 async def _serve(client: Client, settings: Settings, model: ChatModel) -> None:
     stop = asyncio.Event()
     _stop_on_signals(stop)
+    await require_search_attributes(client, settings.temporal.namespace)
     memory = MemoryClient(client, settings, stack_from_settings(settings))
     try:
         schedule = await memory.ensure_rotation_schedule()

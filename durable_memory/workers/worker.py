@@ -3,17 +3,22 @@
 import asyncio
 import concurrent.futures
 import gc
+import logging
 from collections.abc import Sequence
 from typing import Any
 
+from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client
+from temporalio.common import SearchAttributeKey
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from durable_memory.activities.rotation import RotationActivities
 from durable_memory.activities.turn import TurnActivities
 from durable_memory.bootstrap import MemoryStack, stack_from_settings
-from durable_memory.config import Settings
+from durable_memory.config import ConfigError, Settings
 from durable_memory.memory.agent.steps import ChatModel
+from durable_memory.workflows.common import SEARCH_ATTRIBUTES
 from durable_memory.workflows.rotation import RotationSweepWorkflow, RotationWorkflow
 from durable_memory.workflows.turn import TurnWorkflow
 
@@ -62,6 +67,37 @@ def freeze_startup_objects() -> None:
     compiling a context of thousands of messages superlinear (bench/context_compile.py)."""
     gc.collect()
     gc.freeze()
+
+
+def _type_name(key: SearchAttributeKey[Any]) -> str:
+    """The type as the `temporal` CLI spells it: KEYWORD_LIST -> KeywordList."""
+    return "".join(part.capitalize() for part in key.indexed_value_type.name.split("_"))
+
+
+async def require_search_attributes(client: Client, namespace: str) -> None:
+    """Refuse to start against a namespace that lacks one of our search attributes: a turn
+    upserting it would fail its workflow task on every retry and never answer. A server that
+    does not let us list them (permissions) is let through with a warning."""
+    try:
+        listed = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=namespace)
+        )
+    except RPCError as error:
+        logging.getLogger(__name__).warning("cannot list search attributes: %s", error)
+        return
+    registered = dict(listed.custom_attributes)
+    missing = [
+        key for key in SEARCH_ATTRIBUTES if registered.get(key.name) != int(key.indexed_value_type)
+    ]
+    if missing:
+        names = " ".join(f"--name {key.name} --type {_type_name(key)}" for key in missing)
+        raise ConfigError(
+            f"namespace {namespace!r} lacks the search attribute(s) (or has them with another "
+            "type) "
+            f"{', '.join(key.name for key in missing)}: register them once with "
+            f"`temporal operator search-attribute create --namespace {namespace} {names}` "
+            "(see docs/operations.md)"
+        )
 
 
 async def run_worker(

@@ -1,0 +1,53 @@
+"""A worker refuses to start against a namespace that lacks one of the turn's search attributes:
+every turn would upsert it, fail its workflow task and retry forever without answering. The
+error names each missing attribute and the one command that registers them."""
+
+from typing import Any
+
+import pytest
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.common import SearchAttributeKey
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from durable_memory.config import ConfigError
+from durable_memory.workers.dev_server import DEV_SERVER_ARGS, DEV_SERVER_STARTUP, temporal_binary
+from durable_memory.workers.worker import require_search_attributes
+from durable_memory.workflows.common import SEARCH_ATTRIBUTES
+
+
+async def test_a_worker_refuses_a_namespace_without_its_search_attributes() -> None:
+    """Against a real dev server (the test server does not list search attributes) that was
+    started with only the first of them, as a cluster set up for an older version would be."""
+    keys: list[SearchAttributeKey[Any]] = list(SEARCH_ATTRIBUTES)
+    first, others = keys[0], keys[1:]
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(temporal_binary()),
+        search_attributes=[first],
+        data_converter=pydantic_data_converter,
+        dev_server_log_level="error",
+        dev_server_extra_args=DEV_SERVER_ARGS,
+        dev_server_startup_timeout=DEV_SERVER_STARTUP,
+    )
+    try:
+        client, namespace = env.client, env.client.namespace
+        with pytest.raises(ConfigError) as refused:
+            await require_search_attributes(client, namespace)
+        message = str(refused.value)
+        assert first.name not in message.split("register them")[0]
+        for key in others:
+            assert key.name in message
+        assert "temporal operator search-attribute create" in message
+        assert "--name DmemDiffIds --type KeywordList" in message
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(
+                namespace=namespace,
+                search_attributes={
+                    key.name: IndexedValueType.ValueType(key.indexed_value_type) for key in others
+                },
+            )
+        )
+        await require_search_attributes(client, namespace)  # all there: starts
+    finally:
+        await env.shutdown()
