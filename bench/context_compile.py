@@ -78,7 +78,7 @@ def _stack(tmp: Path, blocks: int, messages: int, rng: random.Random) -> MemoryS
     root = tmp / f"b{blocks}-m{messages}-{rng.random()}"
     stack = open_stack(root, profile=parse_profile(_profile(blocks), "bench"))
     stack.blocks.ensure_user("u")
-    for spec in stack.blocks.profile.blocks:  # every block about half full
+    for spec in stack.blocks.profile("u").blocks:  # every block about half full
         stack.edits.edit_block("u", spec.label, {"value": _sentence(rng, 150)}, USER)
     for turn in range(messages // 2):
         stack.recall.append(

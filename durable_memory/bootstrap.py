@@ -16,7 +16,7 @@ from durable_memory.memory.agent.tools import MemoryTools
 from durable_memory.memory.archive.embedders import Embedder, default_embedder
 from durable_memory.memory.archive.protocol import ArchiveError, ArchiveStore
 from durable_memory.memory.archive.sqlite import SqliteArchive
-from durable_memory.memory.core.profiles import load_profile
+from durable_memory.memory.core.profiles import ProfileCatalog
 from durable_memory.memory.rotation.planner import DEFAULT_TARGET_RATIO
 from durable_memory.memory.rotation.steps import Rotator
 from durable_memory.memory.rotation.task_sink import ArchiveTaskSink
@@ -72,13 +72,14 @@ class MemoryStack(MemoryFaces):
 
 
 def memory_faces(
-    profile: AgentProfile,
+    profiles: ProfileCatalog,
     git: BlockRepository,
     diffs: DiffStore,
     archive: TaskArchive | None = None,
 ) -> MemoryFaces:
-    """The four faces of one store, sharing one BlockAccess."""
-    access = BlockAccess(profile, git, archive)
+    """The four faces of one store, sharing one BlockAccess; each user's blocks follow the
+    user's own profile from `profiles`."""
+    access = BlockAccess(profiles, git, archive)
     return MemoryFaces(Blocks(access), DirectEdits(access), Review(access, diffs), History(access))
 
 
@@ -105,10 +106,10 @@ def open_stack(
     root.mkdir(parents=True, exist_ok=True)
     engine = make_engine(database_url or f"sqlite:///{root.resolve() / 'memory.db'}")
     archive = open_archive(root, archive_backend, embedder or default_embedder())
-    loaded = profile if isinstance(profile, AgentProfile) else load_profile(profile)
+    profiles = ProfileCatalog(profile)  # `profile`: the default, beside the bundled ones
     git = GitBlockStore(root)
     recall = RecallStore(engine)
-    faces = memory_faces(loaded, git, DiffStore(engine), ArchiveTaskSink(archive))
+    faces = memory_faces(profiles, git, DiffStore(engine), ArchiveTaskSink(archive))
     return MemoryStack(
         **faces.faces(),
         recall=recall,

@@ -23,8 +23,7 @@ from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.client import MemoryClient, connect_temporal
 from durable_memory.config import Settings, load_settings
 from durable_memory.memory.core.errors import DurableMemoryError, UnsafeFile, validation_message
-from durable_memory.memory.core.ids import validate_diff_id, validate_label, validate_user_id
-from durable_memory.memory.core.profiles import load_profile
+from durable_memory.memory.core.ids import validate_diff_id, validate_user_id
 from durable_memory.memory.store.git import validate_author_name
 from durable_memory.models.archive import ArchiveSearch, TagMatch
 from durable_memory.models.diffs import DiffStatus
@@ -86,19 +85,39 @@ def _jsonable(data: Any) -> Any:
 
 
 def cmd_init(args: argparse.Namespace) -> None:
-    sha = _stack(args).blocks.ensure_user(args.user)
-    print(f"memory of '{args.user}' is at commit {sha[:12]}")
+    blocks = _stack(args).blocks
+    sha = blocks.ensure_user(args.user, args.profile_name)
+    name = blocks.profile(args.user).name
+    print(f"memory of '{args.user}' (profile {name}) is at commit {sha[:12]}")
+
+
+def cmd_profiles(args: argparse.Namespace) -> None:
+    profiles = _stack(args).blocks.profiles
+    rows = {name: profiles.describe(name) for name in profiles.names()}
+    if args.json:
+        print(json.dumps({"default": profiles.default_name, "profiles": rows}, indent=2))
+        return
+    width = max(len(name) for name in rows)
+    for name, line in rows.items():
+        mark = " (default)" if name == profiles.default_name else ""
+        print(f"{name:<{width}}  {line}{mark}")
+
+
+def cmd_profile_set(args: argparse.Namespace) -> None:
+    stack = _stack(args)
+    sha = stack.edits.set_profile(args.user, args.name, _person(args.as_name))
+    print(f"profile of '{args.user}' is {args.name}, at commit {sha[:12]}")
 
 
 def cmd_blocks(args: argparse.Namespace) -> None:
     blocks = _stack(args).blocks
-    labels = [args.label] if args.label else [b.label for b in blocks.profile.blocks]
+    labels = [args.label] if args.label else [b.label for b in blocks.profile(args.user).blocks]
     if args.json:
         read = blocks.read_blocks(args.user)
         data = {
             label: {"fields": read[label].fields, "value": read[label].value}
             for label in labels
-            if blocks.spec(label)
+            if blocks.spec(args.user, label)
         }
         print(json.dumps(data, indent=2, ensure_ascii=False))
         return
@@ -298,9 +317,8 @@ def cmd_archive_search(args: argparse.Namespace) -> None:
 
 def cmd_rotate(args: argparse.Namespace) -> None:
     validate_user_id(args.user)
-    profile = _settings(args).memory.profile
-    if args.label and load_profile(profile).block(validate_label(args.label)) is None:
-        raise UsageError(f"no block '{args.label}' in profile {profile}")
+    if args.label:  # refused before any server is asked
+        _stack(args).blocks.spec(args.user, args.label)
     results = _with_client(args, lambda c: c.rotate_now(args.user, args.label, force=args.force))
     done = [r for r in results if r.rotated]
     text = "\n".join(
@@ -429,6 +447,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=0)
     p = add("init", cmd_init, "create a user's memory repository")
     p.add_argument("user")
+    p.add_argument("profile_name", nargs="?", metavar="PROFILE", help="default: --profile")
+    add("profiles", cmd_profiles, "the profiles this deployment serves", True)
+    profile = sub.add_parser("profile", help="a user's profile").add_subparsers(
+        dest="profile_command", required=True, metavar="COMMAND"
+    )
+    p = profile.add_parser("set", help="change a user's profile (committed; their blocks must fit)")
+    p.set_defaults(func=cmd_profile_set)
+    p.add_argument("user")
+    p.add_argument("name")
+    p.add_argument("--as", dest="as_name", required=True, help="who changes it")
     p = add("blocks", cmd_blocks, "show a user's memory blocks", True)
     p.add_argument("user")
     p.add_argument("label", nargs="?")

@@ -56,10 +56,12 @@ from durable_memory.memory.core.errors import (
     validation_message,
 )
 from durable_memory.memory.core.formats import from_markdown
-from durable_memory.memory.core.ids import validate_diff_id, validate_label, validate_user_id
+from durable_memory.memory.core.ids import validate_diff_id, validate_user_id
 from durable_memory.memory.core.limits import cut_at_word
+from durable_memory.memory.service.access import block_spec
 from durable_memory.memory.store.git import validate_author_name
 from durable_memory.models.archive import ArchiveSearch, PassageHit
+from durable_memory.models.blocks import AgentProfile
 from durable_memory.models.context import ContextWindowOverview
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.history import Author, AuthorKind, CommitInfo
@@ -177,10 +179,11 @@ class MemoryClient:
     # -- turns -----------------------------------------------------------------------------
 
     async def send_message(
-        self, user_id: str, message: str, *, turn_id: str | None = None
+        self, user_id: str, message: str, *, turn_id: str | None = None, profile: str | None = None
     ) -> TurnReply:
         """Run a turn and return its reply in the same call (update-with-start). Sending again
-        with the same turn id returns the same turn's reply instead of starting another."""
+        with the same turn id returns the same turn's reply instead of starting another.
+        `profile` chooses a new user's profile; for a user who has another, the turn fails."""
         validate_user_id(user_id)
         turn: TurnInput = _checked(
             TurnInput,
@@ -190,6 +193,7 @@ class MemoryClient:
             max_steps=self.settings.memory.max_steps,
             approval_ttl_s=self.settings.turn.approval_ttl_s,
             activities=self.settings.activities,
+            profile=profile,
         )
         start: WithStartWorkflowOperation[Any, TurnOutcome] = WithStartWorkflowOperation(
             TURN_WORKFLOW,
@@ -282,7 +286,7 @@ class MemoryClient:
             raise DurableMemoryError(f"diff {diff_id} was not proposed by a turn")
         if edited_markdown is not None:  # refused here, with line and reason, not in history
             await asyncio.to_thread(
-                from_markdown, self.stack.blocks.spec(diff.label), edited_markdown
+                from_markdown, self.stack.blocks.spec(diff.user_id, diff.label), edited_markdown
             )
         # A turn started before the unambiguous ids keeps its old id: tried second.
         for workflow_id in (
@@ -332,6 +336,26 @@ class MemoryClient:
         )
         raise DecisionLost(already_decided(outcome).message, outcome) from None
 
+    # -- users and their profiles ----------------------------------------------------------
+
+    async def create_user(self, user_id: str, profile: str | None = None) -> str:
+        """Create the user's memory with `profile` (default: the deployment's), recorded in
+        their repository; idempotent for the same profile, refused for another. Returns HEAD."""
+        return await asyncio.to_thread(
+            self.stack.blocks.ensure_user, validate_user_id(user_id), profile
+        )
+
+    async def set_profile(self, user_id: str, profile: str, author: str) -> str:
+        """Change the user's profile, committed as `author`, if their blocks fit it (else
+        ProfileError says which do not). Returns HEAD after."""
+        person = Author(name=validate_author_name(author), kind=AuthorKind.USER)
+        return await asyncio.to_thread(
+            self.stack.edits.set_profile, validate_user_id(user_id), profile, person
+        )
+
+    async def profile_of(self, user_id: str) -> AgentProfile:
+        return await asyncio.to_thread(self.stack.blocks.profile, validate_user_id(user_id))
+
     # -- a person's own memory -------------------------------------------------------------
 
     async def edit_block(self, user_id: str, label: str, markdown: str, author: str) -> str:
@@ -365,13 +389,8 @@ class MemoryClient:
     ) -> list[RotationOutcome]:
         """Run the rotation workflow for one block or every block, and wait for the results."""
         validate_user_id(user_id)
-        labels = (
-            [validate_label(label)]
-            if label
-            else [b.label for b in self.stack.blocks.profile.blocks]
-        )
-        for name in labels:
-            self.stack.blocks.spec(name)
+        profile = self.stack.blocks.profile(user_id)
+        labels = [block_spec(profile, label).label] if label else [b.label for b in profile.blocks]
         handles = [
             await self.client.start_workflow(
                 RotationWorkflow.run,

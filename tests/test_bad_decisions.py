@@ -93,7 +93,7 @@ class Turn:
         raise AssertionError("the turn never settled")
 
     def bad_markdown(self, text: str) -> bool:
-        spec = self.rig.stack.blocks.spec("student")
+        spec = self.rig.stack.blocks.spec(USER, "student")
         return _invalid(lambda t: from_markdown(spec, t), text)
 
     def still_waiting(self) -> None:

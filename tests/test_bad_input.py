@@ -143,7 +143,7 @@ def test_service_calls_with_hostile_arguments(
 )
 def test_block_markdown_edits(stack: MemoryStack, markdown: str) -> None:
     """A person's edit: either valid (then committed) or refused with line and reason."""
-    spec = stack.blocks.spec("student")
+    spec = stack.blocks.spec("alice", "student")
     try:
         from_markdown(spec, markdown)
     except DurableMemoryError as error:

@@ -222,7 +222,7 @@ def test_adaptive_state_persists_per_user_and_block(
     _, rotator, _ = rig
     for _ in range(3):
         rotator.check("alice", "human")  # an almost empty block: usage ~0.01
-    assert rotator.strategy("alice", rotator.blocks.spec("human")).threshold == 0.85
+    assert rotator.strategy("alice", rotator.blocks.spec("alice", "human")).threshold == 0.85
 
 
 def test_lowered_limit_keeps_block_readable_and_rotation_fits_it(tmp_path: Path) -> None:

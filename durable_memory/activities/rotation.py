@@ -67,7 +67,7 @@ class RotationActivities:
         with classified_errors():
             found = []
             for user_id in self.stack.blocks.users():
-                for spec in self.stack.blocks.profile.blocks:
+                for spec in self.stack.blocks.profile(user_id).blocks:
                     if self.stack.rotator.check(user_id, spec.label).should_rotate:
                         found.append(RotationCandidate(user_id=user_id, label=spec.label))
             return found

@@ -44,6 +44,9 @@ class TurnInput(BaseModel):
     max_steps: int = Field(default=8, ge=1, le=50)
     approval_ttl_s: float = Field(default=7 * 24 * 3600, gt=0)
     activities: ActivitiesSettings = ActivitiesSettings()
+    profile: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+    """The user's profile, for their first turn (None: the deployment's default); a later turn
+    naming another is refused, as changing it is an explicit operation (`dmem profile set`)."""
 
     @property
     def approval_ttl(self) -> timedelta:

@@ -8,7 +8,7 @@ from sqlalchemy import Engine
 
 from durable_memory.bootstrap import memory_faces
 from durable_memory.memory.agent.context import ContextSources
-from durable_memory.memory.core.profiles import load_profile
+from durable_memory.memory.core.profiles import ProfileCatalog, load_profile
 from durable_memory.memory.service import MemoryFaces
 from durable_memory.memory.service.access import TaskArchive
 from durable_memory.memory.store.diffs import DiffStore
@@ -34,7 +34,7 @@ class MemoryRig(MemoryFaces):
         recall: RecallStore,
         archive: TaskArchive | None = None,
     ) -> "MemoryRig":
-        faces = memory_faces(profile, git, diffs, archive)
+        faces = memory_faces(ProfileCatalog(profile), git, diffs, archive)
         return cls(
             **faces.faces(),
             profile=profile,

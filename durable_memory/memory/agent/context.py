@@ -150,7 +150,7 @@ def compile_context(
     """Compile the context; if messages push it past `overflow_share` of the window and a
     summarizer is given, fold the oldest messages into the summary first."""
     context = _compile(sources, user_id, tools, archival_count)
-    window = sources.blocks.profile.model.context_window
+    window = sources.blocks.profile(user_id).model.context_window
     if summarizer is None or context.overview.total_tokens <= overflow_share * window:
         return context
     after, previous = _summary(sources.summaries, user_id)
@@ -176,7 +176,7 @@ def _compile(
     tools: list[dict[str, Any]],
     archival_count: int,
 ) -> CompiledContext:
-    profile = sources.blocks.profile
+    profile = sources.blocks.profile(user_id)
     blocks = sources.blocks.read_blocks(user_id)
     core = render_memory({b.label: (b.spec, b.fields) for b in blocks.values()})
     recall_count = sources.recall.count(user_id)

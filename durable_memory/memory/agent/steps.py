@@ -241,7 +241,7 @@ class TurnSteps:
     def prepare(self, turn: TurnInput) -> PreparedTurn:
         """Record the user's message and compile the context (summarising on overflow)."""
         sources = self.sources
-        sources.blocks.ensure_user(turn.user_id)
+        sources.blocks.ensure_user(turn.user_id, turn.profile)
         # An approval recorded but not committed when a process died is finished first,
         # so no diff stays approved without its commit once the user is back.
         sources.review.finish_approvals(turn.user_id)
@@ -251,17 +251,18 @@ class TurnSteps:
             [NewMessage(role=MessageRole.USER, content=turn.message)],
             first_seq=TurnPositions.USER,
         )
+        profile = sources.blocks.profile(turn.user_id)
         context = turn_context(
             sources,
             self.archive,
             turn.user_id,
-            summarizer=model_summarizer(self.model, sources.blocks.profile.model),
+            summarizer=model_summarizer(self.model, profile.model),
         )
         context = self.turns.save_context(turn.user_id, turn.turn_id, context)
         return PreparedTurn(
             total_tokens=context.overview.total_tokens,
             share_used=context.overview.share_used,
-            profile=sources.blocks.profile.name,
+            profile=profile.name,
         )
 
     def call_model(self, step: StepInput) -> ModelStepResult:
@@ -271,7 +272,7 @@ class TurnSteps:
             context = self.turns.context(step.user_id, step.turn_id)
             earlier = self.sources.recall.turn(step.user_id, step.turn_id, TurnPositions.FIRST_STEP)
             messages = context.messages + to_chat_messages(earlier, start_with_user=False)
-            settings = self.sources.blocks.profile.model
+            settings = self.sources.blocks.profile(step.user_id).model
             reply = self.model.create(settings, context.system, messages, context.tools)
             check_tool_calls(reply)
             reply = self.turns.save_reply(step.user_id, step.turn_id, step.step, reply)

@@ -1,5 +1,9 @@
-"""Agent profiles: TOML files declaring the persona, the model settings and the memory blocks."""
+"""Agent profiles: TOML files declaring the persona, the model settings and the memory blocks;
+the catalog of the profiles one deployment serves; and the record in a user's repository that
+names the user's profile (`profile.toml`)."""
 
+import re
+import threading
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -12,7 +16,19 @@ from durable_memory.memory.core.errors import BlockValidationError, ProfileError
 from durable_memory.memory.core.personas import PERSONA_PRESETS
 from durable_memory.models.blocks import AgentProfile, BlockKind, BlockSpec, FieldType
 
-BUNDLED_PROFILES = ("default", "essay_coach")
+PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+"""A profile's name in the catalog and in a user's record: a bundled file's stem
+(`essay_coach`), or a configured file's."""
+
+
+def _bundled_names() -> tuple[str, ...]:
+    """The profiles shipped in `durable_memory/profiles/`, by file stem."""
+    folder = resources.files("durable_memory.profiles")
+    stems = (e.name.removesuffix(".toml") for e in folder.iterdir() if e.name.endswith(".toml"))
+    return tuple(sorted(stem for stem in stems if PROFILE_NAME.fullmatch(stem)))
+
+
+BUNDLED_PROFILES = _bundled_names()
 
 
 def _pydantic_problem(error: ValidationError) -> str:
@@ -109,7 +125,7 @@ def parse_profile(text: str, source: str) -> AgentProfile:
 
 
 def load_profile(path: str | Path) -> AgentProfile:
-    """Load a profile from a file path, or a bundled profile by name (`default`, `essay_coach`)."""
+    """Load a profile from a file path, or a bundled profile by name (see BUNDLED_PROFILES)."""
     if str(path) in BUNDLED_PROFILES:
         resource = resources.files("durable_memory.profiles") / f"{path}.toml"
         return parse_profile(resource.read_text(encoding="utf-8"), f"bundled profile {path}")
@@ -119,3 +135,86 @@ def load_profile(path: str | Path) -> AgentProfile:
     except (OSError, UnicodeDecodeError) as error:
         raise ProfileError(f"{file}: cannot read profile: {error}") from None
     return parse_profile(text, str(file))
+
+
+class ProfileCatalog:
+    """The profiles one deployment serves, by name: every bundled one, and the configured one
+    (a bundled name, a file, or a profile given as it is), which is also the default for a
+    user who has none recorded. Each is loaded once, when first asked for; thread-safe."""
+
+    def __init__(self, configured: AgentProfile | str | Path = "default") -> None:
+        self._loaded: dict[str, AgentProfile] = {}
+        self._lock = threading.Lock()
+        if isinstance(configured, AgentProfile):
+            self.default_name = configured.name
+            self._loaded[configured.name] = configured
+        elif str(configured) in BUNDLED_PROFILES:
+            self.default_name = str(configured)
+        else:  # a file: loaded now, so a bad one stops the deployment at start
+            self.default_name = Path(configured).stem
+            self._loaded[self.default_name] = load_profile(configured)
+        if not PROFILE_NAME.fullmatch(self.default_name):
+            raise ProfileError(
+                f"profile name {self.default_name!r} (from {configured!s:.80}) must match "
+                f"{PROFILE_NAME.pattern}"
+            )
+
+    def names(self) -> list[str]:
+        return sorted({*BUNDLED_PROFILES, *self._loaded})
+
+    @property
+    def default(self) -> AgentProfile:
+        return self.get(self.default_name)
+
+    def get(self, name: str) -> AgentProfile:
+        """The profile called `name`; an unknown name is one ProfileError listing the known."""
+        with self._lock:
+            found = self._loaded.get(name)
+        if found is not None:
+            return found
+        if name not in BUNDLED_PROFILES:
+            raise ProfileError(
+                f"unknown profile {name!r:.80}; the known profiles are {', '.join(self.names())}"
+            )
+        loaded = load_profile(name)
+        with self._lock:
+            return self._loaded.setdefault(name, loaded)
+
+    def describe(self, name: str) -> str:
+        """One line: the persona's role and the blocks."""
+        profile = self.get(name)
+        labels = ", ".join(block.label for block in profile.blocks)
+        return f"{profile.persona.role} (blocks: {labels})"
+
+
+_RECORD_FORM = '`name = "<profile>"`'
+
+
+def profile_record(name: str) -> str:
+    """The text of a user's `profile.toml`, naming profile `name`."""
+    if not PROFILE_NAME.fullmatch(name):
+        raise ProfileError(f"profile name {name!r:.80} must match {PROFILE_NAME.pattern}")
+    return f'name = "{name}"\n'
+
+
+def read_profile_record(text: str, where: str) -> str:
+    """The profile name a user's `profile.toml` holds; anything else (not TOML, other keys, a
+    name that cannot be a profile's) is one ProfileError naming `where`."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        problem = f"not valid TOML ({error})"
+    else:
+        name = raw.get("name")
+        if set(raw) != {"name"}:
+            problem = f"holds the key(s) {', '.join(sorted(raw)) or 'none'}"
+        elif not isinstance(name, str):
+            problem = f"its name is {name!r:.80}, not a string"
+        elif not PROFILE_NAME.fullmatch(name):
+            problem = f"names {name!r:.80}, which is not a profile name"
+        else:
+            return name
+    raise ProfileError(
+        f"{where}: {problem}; it must hold only {_RECORD_FORM} (change a user's profile with "
+        "`dmem profile set`)"
+    )

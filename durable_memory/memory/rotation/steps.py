@@ -73,7 +73,7 @@ class Rotator(RotationPlanner):
 
     def commit_step(self, plan: RotationPlan, passage_ids: Sequence[str]) -> str | None:
         """Step 2: commit the compressed block. Idempotent; None if the block moved on."""
-        spec = self.blocks.spec(plan.label)
+        spec = self.blocks.spec(plan.user_id, plan.label)
         marker = f"{plan.label}@{plan.base_sha}"
         with self.git.transaction(plan.user_id) as tx:
             done = tx.find_trailer("Rotation-Of", marker, since=plan.planned_at)

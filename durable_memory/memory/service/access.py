@@ -1,7 +1,10 @@
-"""What the faces share: the profile's blocks in a user's git repository, read and committed.
+"""What the faces share: a user's blocks, as the user's profile defines them, in the user's
+git repository, read and committed.
 
 Every face (blocks, edits, review, history) holds the one `BlockAccess` of its stack, so a
-block is parsed, validated and committed the same way whichever face changes it.
+block is parsed, validated and committed the same way whichever face changes it. The profile
+is the user's own: the one their repository records (`profile.toml`), else the deployment's
+default (a repository made before profiles were recorded per user).
 """
 
 from collections.abc import Mapping
@@ -18,8 +21,14 @@ from durable_memory.memory.core.errors import (
 from durable_memory.memory.core.formats import from_toml, to_toml
 from durable_memory.memory.core.ids import validate_label
 from durable_memory.memory.core.operations import apply_operation, format_task_archive
+from durable_memory.memory.core.profiles import ProfileCatalog, read_profile_record
 from durable_memory.memory.store.block_repository import BlockRepository, BlockTransaction
-from durable_memory.memory.store.git import block_path, format_message, validate_author_name
+from durable_memory.memory.store.git import (
+    PROFILE_FILE,
+    block_path,
+    format_message,
+    validate_author_name,
+)
 from durable_memory.models.blocks import AgentProfile, BlockFields, BlockSpec
 from durable_memory.models.history import Author
 from durable_memory.models.operations import EditOperation
@@ -45,22 +54,44 @@ class Block:
         return render_value(self.spec, self.fields)
 
 
+def block_spec(profile: AgentProfile, label: str) -> BlockSpec:
+    """The block `label` of `profile`; UnknownBlock, naming the profile's blocks, otherwise."""
+    spec = profile.block(validate_label(label))
+    if spec is None:
+        raise UnknownBlock(
+            f"no block '{label}' in profile '{profile.name}'; its blocks are "
+            f"{', '.join(b.label for b in profile.blocks)}"
+        )
+    return spec
+
+
 class BlockAccess:
     def __init__(
-        self, profile: AgentProfile, git: BlockRepository, archive: TaskArchive | None = None
+        self, profiles: ProfileCatalog, git: BlockRepository, archive: TaskArchive | None = None
     ) -> None:
-        self.profile = profile
+        self.profiles = profiles
         self.git = git
         self.archive = archive
 
-    def spec(self, label: str) -> BlockSpec:
-        spec = self.profile.block(validate_label(label))
-        if spec is None:
-            raise UnknownBlock(
-                f"no block '{label}' in profile '{self.profile.name}'; its blocks are "
-                f"{', '.join(b.label for b in self.profile.blocks)}"
-            )
-        return spec
+    def recorded_profile(self, tx: BlockTransaction) -> str | None:
+        """The profile name the user's repository records at HEAD, None if it records none."""
+        text = tx.read_profile()
+        if text is None:
+            return None
+        where = f"users/{tx.user_id}/{PROFILE_FILE} at {(tx.head or '')[:12]}"
+        return read_profile_record(text, where)
+
+    def profile_in(self, tx: BlockTransaction) -> AgentProfile:
+        """The user's profile: the one recorded, else the deployment's default."""
+        name = self.recorded_profile(tx)
+        return self.profiles.default if name is None else self.profiles.get(name)
+
+    def profile_of(self, user_id: str) -> AgentProfile:
+        with self.git.transaction(user_id) as tx:
+            return self.profile_in(tx)
+
+    def spec(self, user_id: str, label: str) -> BlockSpec:
+        return block_spec(self.profile_of(user_id), label)
 
     def parse(self, tx: BlockTransaction, spec: BlockSpec, sha: str | None = None) -> BlockFields:
         text = tx.read(spec.label, sha)
@@ -72,12 +103,13 @@ class BlockAccess:
         )
 
     def read_block(self, user_id: str, label: str) -> Block:
-        spec = self.spec(label)
+        validate_label(label)
         with self.git.transaction(user_id) as tx:
+            spec = block_spec(self.profile_in(tx), label)
             return Block(label, spec, self.parse(tx, spec), tx.head)
 
     def read_at(self, user_id: str, label: str, sha: str) -> BlockFields:
-        spec = self.spec(label)
+        spec = self.spec(user_id, label)
         text = self.git.read_at(user_id, label, sha)
         where = f"users/{user_id}/{block_path(label)} at {sha[:12]}"
         return from_toml(spec, text, where, enforce_limit=False)
@@ -92,9 +124,10 @@ class BlockAccess:
         trailers: Mapping[str, str] | None = None,
     ) -> str:
         """Commit the block with `fields` (validated) or with `op` applied to its HEAD."""
-        spec = self.spec(label)
+        validate_label(label)
         validate_author_name(author.name)
         with self.git.transaction(user_id) as tx:
+            spec = block_spec(self.profile_in(tx), label)
             if isinstance(fields, Mapping):
                 new = validate_fields(spec, fields)
             else:

@@ -1,11 +1,16 @@
-"""Blocks: a user's memory blocks as the profile defines them, to read and render."""
+"""Blocks: a user's memory blocks as the user's profile defines them, to read and render."""
 
 from dataclasses import dataclass
 
 from durable_memory.memory.core.blocks import default_fields
-from durable_memory.memory.core.errors import DurableMemoryError, OperationNotApplicable
+from durable_memory.memory.core.errors import (
+    DurableMemoryError,
+    OperationNotApplicable,
+    ProfileError,
+)
 from durable_memory.memory.core.formats import render_prompt, to_markdown, to_toml
 from durable_memory.memory.core.ids import validate_user_id
+from durable_memory.memory.core.profiles import ProfileCatalog, profile_record
 from durable_memory.memory.service.access import Block, BlockAccess
 from durable_memory.memory.store.git import format_message
 from durable_memory.models.blocks import AgentProfile, BlockKind, BlockSpec
@@ -33,48 +38,75 @@ class Blocks:
         self._access = access
 
     @property
-    def profile(self) -> AgentProfile:
-        return self._access.profile
+    def profiles(self) -> ProfileCatalog:
+        """The profiles this deployment serves; its default is a new user's."""
+        return self._access.profiles
 
-    def spec(self, label: str) -> BlockSpec:
-        return self._access.spec(label)
+    def profile(self, user_id: str) -> AgentProfile:
+        """The user's profile: the one their repository records, else the default."""
+        return self._access.profile_of(user_id)
+
+    def spec(self, user_id: str, label: str) -> BlockSpec:
+        return self._access.spec(user_id, label)
 
     def users(self) -> list[str]:
         """Every user who has a memory repository."""
         return self._access.git.users()
 
-    def ensure_user(self, user_id: str) -> str:
-        """Create the user's repository with every profile block at its default; idempotent.
+    def ensure_user(self, user_id: str, profile: str | None = None) -> str:
+        """Create the user's repository with every block of their profile at its default, and
+        the record naming the profile (`profile`, else the deployment's default); idempotent.
 
-        Blocks the profile gained since are added in a commit of their own.
+        A user who has a profile keeps it: naming another is refused (ProfileError), as a
+        change is an explicit operation (`DirectEdits.set_profile`). Blocks the profile gained
+        since are added in a commit of their own; so is the record, for a repository made
+        before profiles were recorded (it keeps the default it was made with).
         """
         validate_user_id(user_id)
+        profiles = self._access.profiles
+        if profile is not None:
+            profiles.get(profile)  # an unknown name is refused before anything is created
         with self._access.git.transaction(user_id, create=True) as tx:
+            recorded = self._access.recorded_profile(tx)
+            name = recorded or (profile if tx.head is None and profile else profiles.default_name)
+            if profile is not None and profile != name:
+                raise ProfileError(
+                    f"user '{user_id}' has profile '{name}', not '{profile}'; a turn cannot "
+                    f"change it: change it with `dmem profile set {user_id} {profile}` "
+                    "(MemoryClient.set_profile), which checks that their blocks fit"
+                )
+            chosen = profiles.get(name)
             missing = {
                 spec.label: to_toml(spec, default_fields(spec))
-                for spec in self.profile.blocks
+                for spec in chosen.blocks
                 if tx.read(spec.label) is None
             }
-            if not missing and tx.head is not None:
+            if not missing and recorded is not None and tx.head is not None:
                 return tx.head
-            summary = "Create memory" if tx.head is None else "Add new profile blocks"
-            message = format_message(
-                f"{summary}: {', '.join(missing)}", trailers={"Profile": self.profile.name}
+            if tx.head is None:
+                summary = f"Create memory: {', '.join(missing)}"
+            elif missing:
+                summary = f"Add new profile blocks: {', '.join(missing)}"
+            else:
+                summary = f"Record profile {name}"
+            message = format_message(summary, trailers={"Profile": name})
+            return tx.commit(
+                missing, message, SYSTEM_AUTHOR, allow_empty=True, profile=profile_record(name)
             )
-            return tx.commit(missing, message, SYSTEM_AUTHOR, allow_empty=True)
 
     def read_block(self, user_id: str, label: str) -> Block:
         return self._access.read_block(user_id, label)
 
     def read_block_at(self, user_id: str, label: str, sha: str) -> Block:
-        return Block(label, self.spec(label), self._access.read_at(user_id, label, sha), sha)
+        spec = self.spec(user_id, label)
+        return Block(label, spec, self._access.read_at(user_id, label, sha), sha)
 
     def read_blocks(self, user_id: str) -> dict[str, Block]:
-        """Every block of the profile, in profile order."""
+        """Every block of the user's profile, in profile order."""
         with self._access.git.transaction(user_id) as tx:
             return {
                 spec.label: Block(spec.label, spec, self._access.parse(tx, spec), tx.head)
-                for spec in self.profile.blocks
+                for spec in self._access.profile_in(tx).blocks
             }
 
     def last_change(self, user_id: str) -> CommitInfo | None:

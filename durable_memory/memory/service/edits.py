@@ -1,12 +1,16 @@
 """DirectEdits: changes committed at once, by the person whose memory it is or by a backend
-service calling a domain operation of the seed 000_d8598551964ab573.txt. The model never
-comes here: its edits are proposals (review.py)."""
+service calling a domain operation of the seed 000_d8598551964ab573.txt, and a change of the
+user's profile. The model never comes here: its edits are proposals (review.py)."""
 
 from collections.abc import Mapping
 
-from durable_memory.memory.core.formats import from_markdown
+from durable_memory.memory.core.blocks import default_fields
+from durable_memory.memory.core.errors import DurableMemoryError, ProfileError
+from durable_memory.memory.core.formats import from_markdown, from_toml, to_toml
 from durable_memory.memory.core.operations import describe
+from durable_memory.memory.core.profiles import profile_record
 from durable_memory.memory.service.access import BlockAccess
+from durable_memory.memory.store.git import format_message, validate_author_name
 from durable_memory.models.history import Author
 from durable_memory.models.operations import (
     AddContext,
@@ -30,18 +34,52 @@ class DirectEdits:
 
     def edit_markdown(self, user_id: str, label: str, markdown: str, author: Author) -> str:
         """The `dmem edit` path: the Markdown form, parsed and validated, committed directly."""
-        fields = from_markdown(self._access.spec(label), markdown)
+        fields = from_markdown(self._access.spec(user_id, label), markdown)
         return self.edit_block(user_id, label, fields, author)
 
     def apply_direct(
         self, user_id: str, label: str, op: EditOperation, author: Author, reason: str = ""
     ) -> str:
         """A backend service's domain operation: applied to HEAD and committed at once."""
-        spec = self._access.spec(label)
+        spec = self._access.spec(user_id, label)
         if isinstance(op, ClearTask) and op.archive:
             self._access.archive_task(user_id, spec)
         trailers = {"Reason": reason} if reason else None
         return self._access.commit_fields(user_id, label, op, author, describe(op, label), trailers)
+
+    def set_profile(self, user_id: str, name: str, author: Author) -> str:
+        """Change the user's profile to `name`, committed with `author`: only if every block
+        the user has fits it (a block of that profile, valid under its schema and limit);
+        otherwise one ProfileError says which do not, and nothing changes. Blocks the new
+        profile has and the user lacks start at their defaults. Returns HEAD after."""
+        profile = self._access.profiles.get(name)
+        validate_author_name(author.name)
+        with self._access.git.transaction(user_id) as tx:
+            if self._access.recorded_profile(tx) == name:
+                return tx.head or ""
+            unfit = []
+            for label in tx.labels():
+                spec = profile.block(label)
+                if spec is None:
+                    unfit.append(f"block '{label}' is not in it")
+                    continue
+                try:
+                    from_toml(spec, tx.read(label) or "", f"block '{label}'")
+                except DurableMemoryError as error:
+                    unfit.append(str(error))
+            if unfit:
+                raise ProfileError(
+                    f"user '{user_id}' cannot change to profile '{name}' (its blocks are "
+                    f"{', '.join(b.label for b in profile.blocks)}): {'; '.join(unfit)}; "
+                    "nothing was changed"
+                )
+            missing = {
+                spec.label: to_toml(spec, default_fields(spec))
+                for spec in profile.blocks
+                if tx.read(spec.label) is None
+            }
+            message = format_message(f"Set profile {name}", trailers={"Profile": name})
+            return tx.commit(missing, message, author, profile=profile_record(name))
 
     # The high-level operations of the seed 000_d8598551964ab573.txt, called by a backend service
     # (committed directly).

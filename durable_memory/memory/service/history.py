@@ -15,7 +15,7 @@ class History:
 
     def history(self, user_id: str, label: str, limit: int = 20) -> list[CommitInfo]:
         """The commits that changed the block, newest first."""
-        return self._access.git.history(user_id, self._access.spec(label).label, limit)
+        return self._access.git.history(user_id, self._access.spec(user_id, label).label, limit)
 
     def log(self, user_id: str, limit: int = 20) -> list[CommitInfo]:
         """The commits of the user's whole repository, newest first."""
@@ -25,7 +25,7 @@ class History:
         return self._access.read_at(user_id, label, sha)
 
     def diff(self, user_id: str, label: str, a: str, b: str) -> str:
-        return self._access.git.diff(user_id, self._access.spec(label).label, a, b)
+        return self._access.git.diff(user_id, self._access.spec(user_id, label).label, a, b)
 
     def restore(self, user_id: str, label: str, sha: str, author: Author) -> str:
         """Bring back the block as it was at `sha`, as a new commit; history is never rewritten."""
@@ -48,8 +48,8 @@ class History:
         or a device in place of a block file, or bytes that are not UTF-8 (`UnsafeFile`).
         Returns the new commit sha, or None if nothing was changed by hand.
         """
-        profile = self._access.profile
         with self._access.git.transaction(user_id) as tx:
+            profile = self._access.profile_in(tx)
             expected = {f"{spec.label}.toml" for spec in profile.blocks}
             unknown = [name for name in tx.working_files() if name not in expected]
             if unknown:

@@ -62,7 +62,7 @@ class Review:
             existing = self._diffs.find(diff_id, user_id)
             if existing is not None:
                 return existing
-        spec = self._access.spec(label)
+        spec = self._access.spec(user_id, label)
         if spec.read_only:
             raise ReadOnlyBlock(f"block '{label}' is read-only; it cannot be edited by the agent")
         if isinstance(op, ClearTask) and op.archive:
@@ -97,7 +97,7 @@ class Review:
         return self._diffs.superseded_by(user_id, diff_ids)
 
     def _edited_operation(self, diff: PendingDiff, edited_markdown: str) -> EditOperation:
-        spec = self._access.spec(diff.label)
+        spec = self._access.spec(diff.user_id, diff.label)
         fields = from_markdown(spec, edited_markdown)
         if spec.kind is BlockKind.TEXT:
             return RethinkText(new_value=str(fields["value"]))
@@ -149,7 +149,7 @@ class Review:
 
     def _refuse_unappliable(self, diff: PendingDiff, edited: EditOperation | None) -> None:
         """Refuse, before anything is recorded, an approval that could not be committed now."""
-        spec = self._access.spec(diff.label)
+        spec = self._access.spec(diff.user_id, diff.label)
         with self._access.git.transaction(diff.user_id) as tx:
             on_disk = tx.working_copy(spec.label)
             if on_disk is not None and on_disk != tx.read(spec.label):
@@ -222,7 +222,7 @@ class Review:
 
     def _commit(self, diff: PendingDiff) -> PendingDiff:
         user_id = diff.user_id
-        spec = self._access.spec(diff.label)
+        spec = self._access.spec(diff.user_id, diff.label)
         op = diff.effective_operation
         git = self._access.git
         if isinstance(op, ClearTask) and op.archive:

@@ -1,6 +1,7 @@
 """What the domain needs from a block repository, whatever keeps it: per-user transactions
-that read blocks at HEAD or at a commit, find the commit that records a decision by its
-trailer, and commit new block files; and reads of history. `GitBlockStore` (store/git/) is the
+that read blocks (and the record naming the user's profile) at HEAD or at a commit, find the
+commit that records a decision by its trailer, and commit new block files; and reads of
+history. `GitBlockStore` (store/git/) is the
 local implementation; a remote-backed one satisfies the same two protocols."""
 
 from collections.abc import Mapping
@@ -26,6 +27,14 @@ class BlockTransaction(Protocol):
         """The block's TOML at commit `sha` (default HEAD), None if it does not exist there."""
         ...
 
+    def labels(self) -> list[str]:
+        """The labels of the block files at HEAD."""
+        ...
+
+    def read_profile(self) -> str | None:
+        """HEAD's profile record (the text naming the user's profile), None if it has none."""
+        ...
+
     def working_copy(self, label: str) -> str | None:
         """The block's file as a person left it in the working tree, None if absent."""
         ...
@@ -47,9 +56,10 @@ class BlockTransaction(Protocol):
         *,
         allow_empty: bool = False,
         overwrite_hand_edits: bool = False,
+        profile: str | None = None,
     ) -> str:
-        """Commit `files` (label -> TOML text); the new HEAD (HEAD itself if nothing changed
-        and not `allow_empty`)."""
+        """Commit `files` (label -> TOML text), and `profile` as the profile record if given;
+        the new HEAD (HEAD itself if nothing changed and not `allow_empty`)."""
         ...
 
 

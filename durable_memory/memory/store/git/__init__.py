@@ -1,4 +1,5 @@
-"""One git repository per user, holding `blocks/<label>.toml`. Every change is a commit.
+"""One git repository per user, holding `blocks/<label>.toml` and `profile.toml` (the
+name of the user's profile). Every change is a commit.
 
 Writers for one user (threads or processes) are serialised by an flock on a file inside the
 user's `.git` directory (locking.py), so there is no global lock and git's own `index.lock` is
@@ -16,7 +17,7 @@ by `git commit` with fsync and hooks off (commits.py), their messages and author
 (messages.py). The names below are the package's public face.
 """
 
-from durable_memory.memory.store.git.layout import BLOCKS_DIR, block_path
+from durable_memory.memory.store.git.layout import BLOCKS_DIR, PROFILE_FILE, block_path
 from durable_memory.memory.store.git.messages import format_message, validate_author_name
 from durable_memory.memory.store.git.repository import GitBlockStore
 from durable_memory.memory.store.git.snapshots import Snapshot, SnapshotCache
@@ -25,6 +26,7 @@ from durable_memory.memory.store.git.transaction import CLOCK_SKEW, RepoTransact
 __all__ = [
     "BLOCKS_DIR",
     "CLOCK_SKEW",
+    "PROFILE_FILE",
     "GitBlockStore",
     "RepoTransaction",
     "Snapshot",

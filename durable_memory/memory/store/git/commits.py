@@ -11,7 +11,12 @@ import git
 
 from durable_memory.faults import MID_COMMIT, crash_point
 from durable_memory.memory.store.git.journal import clear_journal, write_journal
-from durable_memory.memory.store.git.layout import block_path, open_blocks_dir
+from durable_memory.memory.store.git.layout import (
+    PROFILE_FILE,
+    block_path,
+    open_blocks_dir,
+    open_user_dir,
+)
 from durable_memory.memory.store.git.messages import author_actor
 from durable_memory.memory.store.git.refs import read_head
 from durable_memory.memory.store.safe_files import write_bytes_at
@@ -63,19 +68,28 @@ def write_commit(
     changed: Mapping[str, str],
     message: str,
     author: Author,
+    *,
+    profile: str | None = None,
 ) -> str:
-    """Write the `changed` block files (label -> TOML text) over HEAD `head` and commit them;
-    return the new commit. The caller holds the user's lock and has checked that the working
-    tree and the index hold nothing but HEAD for these files. A journal names the files while
-    they are written, so recovery can put them back if the process dies before the commit."""
+    """Write the `changed` block files (label -> TOML text), and the profile record if
+    `profile` is given, over HEAD `head` and commit them; return the new commit. The caller
+    holds the user's lock and has checked that the working tree and the index hold nothing but
+    HEAD for these files. A journal names the files while they are written, so recovery can
+    put them back if the process dies before the commit."""
     git_dir = Path(repo.git_dir)
-    write_journal(git_dir, head, list(changed))
+    write_journal(git_dir, head, list(changed), profile=profile is not None)
     with open_blocks_dir(users_dir, user_id, create=True) as blocks:
         for label, text in changed.items():
             write_bytes_at(blocks, f"{label}.toml", text.encode("utf-8"))
+    paths = [block_path(label) for label in changed]
+    if profile is not None:
+        with open_user_dir(users_dir, user_id) as top:
+            write_bytes_at(top, PROFILE_FILE, profile.encode("utf-8"))
+        paths.append(PROFILE_FILE)
     # `git add` as a subprocess (cwd passed to it): GitPython's IndexFile.add chdirs the
     # whole process, which races with threads committing to other users' repositories.
-    run_git(repo, lock, "add", "--", *(block_path(label) for label in changed))
+    if paths:
+        run_git(repo, lock, "add", "--", *paths)
     crash_point(MID_COMMIT)
     # `git commit` rather than GitPython's in-process writer: git fsyncs what it writes
     # (`core.fsync`), so a commit that returned survives a power loss.

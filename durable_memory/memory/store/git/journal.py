@@ -1,11 +1,13 @@
 """The journal of a write under way (`.git/dmem-journal`): the HEAD it started from and the
-labels it is writing. Written before the first block file, removed after the commit, so a
-journal found by the next writer means the write did not finish (see recovery.py)."""
+labels it is writing (and `profile.toml` when the write changes the profile record). Written
+before the first file, removed after the commit, so a journal found by the next writer means
+the write did not finish (see recovery.py)."""
 
 from dataclasses import dataclass
 from pathlib import Path
 
 from durable_memory.memory.core.ids import validate_label
+from durable_memory.memory.store.git.layout import PROFILE_FILE
 from durable_memory.memory.store.git.refs import FULL_SHA, read_git_file, write_git_file
 
 JOURNAL_FILE = "dmem-journal"
@@ -19,11 +21,16 @@ class Journal:
     """The HEAD the write started from; None for a user's first commit (or a torn line)."""
     labels: list[str]
     """The blocks whose files the write was changing."""
+    profile: bool = False
+    """Whether the write was changing `profile.toml` too."""
 
 
-def write_journal(git_dir: Path, head: str | None, labels: list[str]) -> None:
+def write_journal(
+    git_dir: Path, head: str | None, labels: list[str], *, profile: bool = False
+) -> None:
     base = [f"{_JOURNAL_BASE}{head}"] if head else []
-    write_git_file(git_dir, JOURNAL_FILE, "\n".join([*base, *labels]))
+    entries = [*base, *labels, *([PROFILE_FILE] if profile else [])]
+    write_git_file(git_dir, JOURNAL_FILE, "\n".join(entries))
 
 
 def read_journal(git_dir: Path) -> Journal | None:
@@ -36,7 +43,9 @@ def read_journal(git_dir: Path) -> Journal | None:
     if lines and lines[0].startswith(_JOURNAL_BASE):
         base = lines.pop(0).removeprefix(_JOURNAL_BASE)
         base = base if FULL_SHA.fullmatch(base) else None
-    return Journal(base=base, labels=[validate_label(line) for line in lines])
+    profile = PROFILE_FILE in lines  # a label has no '.', so no block is named like it
+    labels = [validate_label(line) for line in lines if line != PROFILE_FILE]
+    return Journal(base=base, labels=labels, profile=profile)
 
 
 def clear_journal(git_dir: Path) -> None:

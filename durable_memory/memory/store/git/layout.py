@@ -1,4 +1,5 @@
-"""Where blocks live in a user's repository: `blocks/<label>.toml`, one file per block."""
+"""Where blocks live in a user's repository: `blocks/<label>.toml`, one file per block, and
+`profile.toml` at the top, naming the profile the blocks follow."""
 
 import contextlib
 from pathlib import Path
@@ -8,6 +9,8 @@ from durable_memory.memory.core.ids import validate_label
 from durable_memory.memory.store.safe_files import open_dir
 
 BLOCKS_DIR = "blocks"
+PROFILE_FILE = "profile.toml"
+"""The user's profile record, beside `blocks/`: not a block, so no label can name it."""
 
 
 def block_path(label: str) -> str:
@@ -30,3 +33,9 @@ def open_blocks_dir(
 ) -> contextlib.AbstractContextManager[int]:
     """The working tree's `blocks/` directory of a user, opened without following symlinks."""
     return open_dir(users_dir, [user_id, BLOCKS_DIR], "users", create=create)
+
+
+def open_user_dir(users_dir: Path, user_id: str) -> contextlib.AbstractContextManager[int]:
+    """The working tree's top directory of a user (where `profile.toml` lives), opened without
+    following symlinks."""
+    return open_dir(users_dir, [user_id], "users")

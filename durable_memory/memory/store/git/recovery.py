@@ -19,9 +19,11 @@ from durable_memory.memory.store.git.commits import run_git
 from durable_memory.memory.store.git.journal import clear_journal, read_journal
 from durable_memory.memory.store.git.layout import (
     BLOCKS_DIR,
+    PROFILE_FILE,
     block_label,
     block_path,
     open_blocks_dir,
+    open_user_dir,
 )
 from durable_memory.memory.store.git.locking import LOCK_FILE
 from durable_memory.memory.store.git.refs import (
@@ -69,7 +71,8 @@ def recover(
         _roll_back(repo, lock, users_dir, user_id, head, None, cache)
     else:
         if journal is not None:
-            _roll_back(repo, lock, users_dir, user_id, head, journal.labels, cache)
+            labels = journal.labels
+            _roll_back(repo, lock, users_dir, user_id, head, labels, cache, journal.profile)
     return head
 
 
@@ -196,35 +199,51 @@ def _roll_back(
     head: str | None,
     labels: list[str] | None,
     cache: SnapshotCache,
+    profile: bool = True,
 ) -> None:
     """Put the block files and index entries a write touched back to HEAD: `labels`, the
-    ones an interrupted write names in its journal, or None after a repair, when every block
-    file is, and any that differs from the repaired HEAD (written by a lost commit, or an
-    edit in progress) is first set aside in `.git/dmem-set-aside/` for a person to look at."""
-    blocks = load_snapshot(repo, user_id, head, cache).blocks if head else {}
+    ones an interrupted write names in its journal (and the profile record if `profile`), or
+    None after a repair, when every block file and the profile record are, and any that
+    differs from the repaired HEAD (written by a lost commit, or an edit in progress) is first
+    set aside in `.git/dmem-set-aside/` for a person to look at."""
+    snapshot = load_snapshot(repo, user_id, head, cache) if head else None
+    blocks = snapshot.blocks if snapshot else {}
     set_aside = labels is None
-    shown = f"users/{user_id}/{BLOCKS_DIR}"
     git_dir = Path(repo.git_dir)
     with open_blocks_dir(users_dir, user_id, create=True) as fd:
         if labels is None:
             on_disk = [block_label(name) for name in os.listdir(fd)]
             labels = sorted({*blocks, *(label for label in on_disk if label)})
         for label in labels:
-            name = f"{label}.toml"
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(f"{name}.tmp", dir_fd=fd)
-            current = read_bytes_at(fd, name, f"{shown}/{name}")
-            wanted = blocks[label].encode("utf-8") if label in blocks else None
-            if current == wanted:
-                continue
-            if current is not None and set_aside:
-                write_git_file(git_dir, f"{_SET_ASIDE_DIR}/{name}", current)
-                log.warning("user '%s': set %s aside in .git/%s", user_id, name, _SET_ASIDE_DIR)
-            if wanted is not None:
-                write_bytes_at(fd, name, wanted)
-            else:
-                os.unlink(name, dir_fd=fd)
-    if head is not None and labels:
-        run_git(repo, lock, "reset", "--quiet", "--", *(block_path(label) for label in labels))
+            _put_back(fd, f"{label}.toml", blocks.get(label), set_aside, git_dir, user_id)
+    paths = [block_path(label) for label in labels]
+    if profile:
+        wanted = snapshot.profile if snapshot else None
+        with open_user_dir(users_dir, user_id) as top:
+            _put_back(top, PROFILE_FILE, wanted, set_aside, git_dir, user_id)
+        paths.append(PROFILE_FILE)
+    if head is not None and paths:
+        run_git(repo, lock, "reset", "--quiet", "--", *paths)
     clear_journal(git_dir)
     log.warning("user '%s': put %s back as at HEAD", user_id, ", ".join(labels) or "nothing")
+
+
+def _put_back(
+    fd: int, name: str, text: str | None, set_aside: bool, git_dir: Path, user_id: str
+) -> None:
+    """Make the working file `name` in directory `fd` hold `text` (absent if None); with
+    `set_aside`, a different file found there is first kept in `.git/dmem-set-aside/`."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(f"{name}.tmp", dir_fd=fd)
+    shown = f"users/{user_id}/{name if name == PROFILE_FILE else f'{BLOCKS_DIR}/{name}'}"
+    current = read_bytes_at(fd, name, shown)
+    wanted = text.encode("utf-8") if text is not None else None
+    if current == wanted:
+        return
+    if current is not None and set_aside:
+        write_git_file(git_dir, f"{_SET_ASIDE_DIR}/{name}", current)
+        log.warning("user '%s': set %s aside in .git/%s", user_id, name, _SET_ASIDE_DIR)
+    if wanted is not None:
+        write_bytes_at(fd, name, wanted)
+    else:
+        os.unlink(name, dir_fd=fd)

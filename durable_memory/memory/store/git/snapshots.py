@@ -11,9 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import git
+from git.objects.base import IndexObject
 
 from durable_memory.memory.core.errors import UnsafeFile
-from durable_memory.memory.store.git.layout import BLOCKS_DIR, block_label
+from durable_memory.memory.store.git.layout import BLOCKS_DIR, PROFILE_FILE, block_label
 from durable_memory.memory.store.git.messages import commit_info
 from durable_memory.memory.store.safe_files import MAX_FILE_BYTES, decode_utf8, kind_of
 from durable_memory.models.history import CommitInfo
@@ -29,14 +30,17 @@ UNREADABLE_OBJECT = (ValueError, git.GitError, git.ODBError, zlib.error)
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What one commit holds: its block files (label -> TOML text) and who made it.
+    """What one commit holds: its block files (label -> TOML text), its profile record
+    (`profile.toml`, None if it has none) and who made it.
 
-    `refused` names what under `blocks/` was not read, and why: a symlink or a submodule
-    committed in place of a file, text that is not UTF-8, a file that is not `<label>.toml`."""
+    `refused` names what under `blocks/` (or `profile.toml`) was not read, and why: a symlink
+    or a submodule committed in place of a file, text that is not UTF-8, a file that is not
+    `<label>.toml`."""
 
     blocks: Mapping[str, str]
     info: CommitInfo
     refused: Mapping[str, str] = field(default_factory=dict)
+    profile: str | None = None
 
 
 class SnapshotCache:
@@ -77,18 +81,36 @@ def _read_tree_blocks(commit: git.Commit) -> tuple[dict[str, str], dict[str, str
         name = str(item.path).rsplit("/", 1)[-1]  # a submodule has no `name` without a .gitmodules
         path = f"{BLOCKS_DIR}/{name}"
         label = block_label(name)
-        if not isinstance(item, git.Blob) or not stat.S_ISREG(item.mode):
-            refused[path] = f"{_entry_kind(item.mode)}, not a regular file"
-        elif label is None:
+        if label is None and isinstance(item, git.Blob) and stat.S_ISREG(item.mode):
             refused[path] = "not a block file (blocks/<label>.toml)"
-        elif item.size > MAX_FILE_BYTES:
-            refused[path] = f"{item.size} bytes, over {MAX_FILE_BYTES}"
-        else:
-            try:
-                blocks[label] = decode_utf8(item.data_stream.read(), path)
-            except UnsafeFile:
-                refused[path] = "not valid UTF-8"
+            continue
+        text = _read_file(item, path, refused)
+        if text is not None and label is not None:
+            blocks[label] = text
     return blocks, refused
+
+
+def _read_file(item: IndexObject, path: str, refused: dict[str, str]) -> str | None:
+    """The text of a committed regular file; else None, with the reason in `refused`."""
+    if not isinstance(item, git.Blob) or not stat.S_ISREG(item.mode):
+        refused[path] = f"{_entry_kind(item.mode)}, not a regular file"
+    elif item.size > MAX_FILE_BYTES:
+        refused[path] = f"{item.size} bytes, over {MAX_FILE_BYTES}"
+    else:
+        try:
+            return decode_utf8(item.data_stream.read(), path)
+        except UnsafeFile:
+            refused[path] = "not valid UTF-8"
+    return None
+
+
+def _read_profile_record(commit: git.Commit, refused: dict[str, str]) -> str | None:
+    """The commit's `profile.toml`, None if it has none (or it is refused: see `refused`)."""
+    try:
+        entry = commit.tree / PROFILE_FILE
+    except KeyError:
+        return None
+    return _read_file(entry, PROFILE_FILE, refused)
 
 
 def _entry_kind(mode: int) -> str:
@@ -103,8 +125,9 @@ def load_snapshot(repo: git.Repo, user_id: str, sha: str, cache: SnapshotCache) 
     if found is None:
         commit = repo.commit(sha)
         blocks, refused = _read_tree_blocks(commit)
+        profile = _read_profile_record(commit, refused)
         for path, why in refused.items():
             log.warning("user '%s': commit %s: %s is %s: not read", user_id, sha[:12], path, why)
-        found = Snapshot(blocks=blocks, info=commit_info(commit), refused=refused)
+        found = Snapshot(blocks=blocks, info=commit_info(commit), refused=refused, profile=profile)
         cache.put(user_id, sha, found)
     return found

@@ -14,7 +14,13 @@ import git
 
 from durable_memory.memory.core.errors import HandEditPending, UnsafeFile
 from durable_memory.memory.store.git.commits import write_commit
-from durable_memory.memory.store.git.layout import BLOCKS_DIR, block_path, open_blocks_dir
+from durable_memory.memory.store.git.layout import (
+    BLOCKS_DIR,
+    PROFILE_FILE,
+    block_path,
+    open_blocks_dir,
+    open_user_dir,
+)
 from durable_memory.memory.store.git.messages import commit_info, message_text, parse_trailers
 from durable_memory.memory.store.git.refs import FULL_SHA
 from durable_memory.memory.store.git.snapshots import Snapshot, SnapshotCache, load_snapshot
@@ -69,6 +75,25 @@ class RepoTransaction:
                 )
         return snapshot.blocks.get(label)
 
+    def read_profile(self) -> str | None:
+        """HEAD's profile record (`profile.toml`), None if it has none. A symlink, a submodule
+        or bytes that are not UTF-8 committed there are refused."""
+        if self.head is None:
+            return None
+        snapshot = self.snapshot(self.head)
+        if PROFILE_FILE in snapshot.refused:
+            raise UnsafeFile(
+                f"users/{self.user_id}/{PROFILE_FILE} at {self.head[:12]} is "
+                f"{snapshot.refused[PROFILE_FILE]}: refused, nothing was read from it"
+            )
+        return snapshot.profile
+
+    def _profile_working_copy(self) -> str | None:
+        shown = f"users/{self.user_id}/{PROFILE_FILE}"
+        with open_user_dir(self.users_dir, self.user_id) as top:
+            data = read_bytes_at(top, PROFILE_FILE, shown)
+        return None if data is None else decode_utf8(data, shown)
+
     def labels(self) -> list[str]:
         return sorted(self.snapshot(self.head).blocks) if self.head else []
 
@@ -119,14 +144,18 @@ class RepoTransaction:
                 return sha
         return None
 
-    def _staged_by_hand(self, head: Mapping[str, str]) -> list[str]:
-        """Block files whose staged content is not HEAD's (`head`): someone ran `git add` by
-        hand. Committing now would carry that unvalidated content into memory with ours."""
+    def _staged_by_hand(self, head: Mapping[str, str], profile: str | None) -> list[str]:
+        """Block files (and the profile record) whose staged content is not HEAD's (`head`,
+        `profile`): someone ran `git add` by hand. Committing now would carry that unvalidated
+        content into memory with ours."""
         expected = {f"{BLOCKS_DIR}/{label}.toml": _blob_sha(text) for label, text in head.items()}
+        if profile is not None:
+            expected[PROFILE_FILE] = _blob_sha(profile)
         staged = {
             str(path): entry.binsha
             for (path, _stage), entry in self.repo.index.entries.items()
-            if str(path).startswith(f"{BLOCKS_DIR}/") and str(path).endswith(".toml")
+            if (str(path).startswith(f"{BLOCKS_DIR}/") and str(path).endswith(".toml"))
+            or str(path) == PROFILE_FILE
         }
         return sorted(
             p for p in expected.keys() | staged.keys() if expected.get(p) != staged.get(p)
@@ -140,14 +169,24 @@ class RepoTransaction:
         *,
         allow_empty: bool = False,
         overwrite_hand_edits: bool = False,
+        profile: str | None = None,
     ) -> str:
-        """Write `files` (label -> TOML text) and commit them. Returns the new commit sha.
+        """Write `files` (label -> TOML text), and `profile` as the profile record if given,
+        and commit them. Returns the new commit sha.
 
         A change that alters nothing returns HEAD without a commit unless `allow_empty`.
         """
         changed = {label: text for label, text in files.items() if self.read(label) != text}
-        if not changed and not allow_empty and self.head is not None:
+        head_profile = self.read_profile()
+        new_profile = profile if profile is not None and profile != head_profile else None
+        if not changed and new_profile is None and not allow_empty and self.head is not None:
             return self.head
+        if new_profile is not None and self._profile_working_copy() not in (None, head_profile):
+            raise HandEditPending(
+                f"{PROFILE_FILE} of user '{self.user_id}' has changes made by hand that are not "
+                "committed; discard them with `git checkout`, and change the profile with "
+                "`dmem profile set`, then try again"
+            )
         for label in () if overwrite_hand_edits else changed:
             on_disk = self.working_copy(label)
             if on_disk is not None and on_disk != self.read(label):
@@ -157,7 +196,7 @@ class RepoTransaction:
                     "them with `git checkout`, then try again"
                 )
         before = self.snapshot(self.head).blocks if self.head else {}
-        staged = self._staged_by_hand(before)
+        staged = self._staged_by_hand(before, head_profile)
         if staged:
             raise HandEditPending(
                 f"{', '.join(staged)} of user '{self.user_id}' has changes staged by hand "
@@ -165,13 +204,22 @@ class RepoTransaction:
                 "or unstage them with `git reset`, then try again"
             )
         new = write_commit(
-            self.repo, self.lock, self.users_dir, self.user_id, self.head, changed, message, author
+            self.repo,
+            self.lock,
+            self.users_dir,
+            self.user_id,
+            self.head,
+            changed,
+            message,
+            author,
+            profile=new_profile,
         )
         # The index held HEAD plus our files (checked above), so this is the new commit.
         self.head = new
-        self.cache.put(
-            self.user_id,
-            new,
-            Snapshot(blocks={**before, **changed}, info=commit_info(self.repo.commit(new))),
+        snapshot = Snapshot(
+            blocks={**before, **changed},
+            info=commit_info(self.repo.commit(new)),
+            profile=new_profile if new_profile is not None else head_profile,
         )
+        self.cache.put(self.user_id, new, snapshot)
         return new
