@@ -105,7 +105,7 @@ def test_editor_output_that_breaks_the_schema_changes_nothing(
         (("approve", "not-a-diff", "--as", "bob"), "invalid diff id 'not-a-diff'"),
         (("reject", "0" * 32, "--as", "bob", "--reason", " "), "a rejection needs a reason"),
         (("approve", "0" * 32, "--as", "a<b>"), "invalid name"),
-        (("rotate", "alice", "diary"), "no block 'diary' in profile essay_coach"),
+        (("rotate", "alice", "diary"), "no block 'diary' in profile 'essay-coach'"),
         (("chat", "../x", "hi"), "invalid user id"),
         (("restore", "alice", "student", "zzzz", "--as", "bob"), "invalid commit sha 'zzzz'"),
         (("history", "alice", "student", "--limit", "0"), "history limit must be positive"),

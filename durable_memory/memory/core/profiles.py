@@ -167,18 +167,24 @@ class ProfileCatalog:
         return self.get(self.default_name)
 
     def get(self, name: str) -> AgentProfile:
-        """The profile called `name`; an unknown name is one ProfileError listing the known."""
+        """The profile called `name` (its catalog name, or the `name` its file declares, e.g.
+        `essay-coach` for `essay_coach`); an unknown name is one ProfileError listing the
+        known ones."""
         with self._lock:
             found = self._loaded.get(name)
         if found is not None:
             return found
-        if name not in BUNDLED_PROFILES:
+        if name in BUNDLED_PROFILES:
+            loaded = load_profile(name)
+            with self._lock:
+                return self._loaded.setdefault(name, loaded)
+        declared = (self.get(known) for known in self.names())
+        found = next((profile for profile in declared if profile.name == name), None)
+        if found is None:
             raise ProfileError(
                 f"unknown profile {name!r:.80}; the known profiles are {', '.join(self.names())}"
             )
-        loaded = load_profile(name)
-        with self._lock:
-            return self._loaded.setdefault(name, loaded)
+        return found
 
     def describe(self, name: str) -> str:
         """One line: the persona's role and the blocks."""

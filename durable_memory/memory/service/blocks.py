@@ -69,13 +69,13 @@ class Blocks:
         with self._access.git.transaction(user_id, create=True) as tx:
             recorded = self._access.recorded_profile(tx)
             name = recorded or (profile if tx.head is None and profile else profiles.default_name)
-            if profile is not None and profile != name:
+            chosen = profiles.get(name)
+            if profile is not None and profiles.get(profile) != chosen:
                 raise ProfileError(
                     f"user '{user_id}' has profile '{name}', not '{profile}'; a turn cannot "
                     f"change it: change it with `dmem profile set {user_id} {profile}` "
                     "(MemoryClient.set_profile), which checks that their blocks fit"
                 )
-            chosen = profiles.get(name)
             missing = {
                 spec.label: to_toml(spec, default_fields(spec))
                 for spec in chosen.blocks
