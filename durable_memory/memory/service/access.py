@@ -16,6 +16,7 @@ from durable_memory.memory.core.blocks import default_fields, render_value, vali
 from durable_memory.memory.core.errors import (
     DurableMemoryError,
     OperationNotApplicable,
+    ProfileError,
     UnknownBlock,
 )
 from durable_memory.memory.core.formats import from_toml, to_toml
@@ -54,6 +55,10 @@ class Block:
         return render_value(self.spec, self.fields)
 
 
+def _record_path(tx: BlockTransaction) -> str:
+    return f"users/{tx.user_id}/{PROFILE_FILE} at {(tx.head or '')[:12]}"
+
+
 def block_spec(profile: AgentProfile, label: str) -> BlockSpec:
     """The block `label` of `profile`; UnknownBlock, naming the profile's blocks, otherwise."""
     spec = profile.block(validate_label(label))
@@ -76,15 +81,19 @@ class BlockAccess:
     def recorded_profile(self, tx: BlockTransaction) -> str | None:
         """The profile name the user's repository records at HEAD, None if it records none."""
         text = tx.read_profile()
-        if text is None:
-            return None
-        where = f"users/{tx.user_id}/{PROFILE_FILE} at {(tx.head or '')[:12]}"
-        return read_profile_record(text, where)
+        return None if text is None else read_profile_record(text, _record_path(tx))
 
     def profile_in(self, tx: BlockTransaction) -> AgentProfile:
         """The user's profile: the one recorded, else the deployment's default."""
         name = self.recorded_profile(tx)
-        return self.profiles.default if name is None else self.profiles.get(name)
+        if name is None:
+            return self.profiles.default
+        try:
+            return self.profiles.get(name)
+        except ProfileError as error:  # recorded by another deployment, or by hand
+            raise ProfileError(
+                f"{_record_path(tx)}: {error} (change the user's profile with `dmem profile set`)"
+            ) from None
 
     def profile_of(self, user_id: str) -> AgentProfile:
         with self.git.transaction(user_id) as tx:

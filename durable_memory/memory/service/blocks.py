@@ -69,7 +69,7 @@ class Blocks:
         with self._access.git.transaction(user_id, create=True) as tx:
             recorded = self._access.recorded_profile(tx)
             name = recorded or (profile if tx.head is None and profile else profiles.default_name)
-            chosen = profiles.get(name)
+            chosen = self._access.profile_in(tx) if recorded else profiles.get(name)
             if profile is not None and profiles.get(profile) != chosen:
                 raise ProfileError(
                     f"user '{user_id}' has profile '{name}', not '{profile}'; a turn cannot "

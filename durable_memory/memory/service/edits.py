@@ -51,11 +51,17 @@ class DirectEdits:
         """Change the user's profile to `name`, committed with `author`: only if every block
         the user has fits it (a block of that profile, valid under its schema and limit);
         otherwise one ProfileError says which do not, and nothing changes. Blocks the new
-        profile has and the user lacks start at their defaults. Returns HEAD after."""
+        profile has and the user lacks start at their defaults. A record that names no known
+        profile, or is not a record at all, is replaced: this is how it is repaired. Returns
+        HEAD after."""
         profile = self._access.profiles.get(name)
         validate_author_name(author.name)
         with self._access.git.transaction(user_id) as tx:
-            if self._access.recorded_profile(tx) == name:
+            try:
+                recorded = self._access.recorded_profile(tx)
+            except ProfileError:  # a record that is not one: this change replaces it
+                recorded = None
+            if recorded == name:
                 return tx.head or ""
             unfit = []
             for label in tx.labels():
