@@ -7,7 +7,7 @@ one error and changes nothing. Two users with different profiles share one worke
 import asyncio
 import json
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -135,11 +135,12 @@ def test_unknown_profile_is_one_error_listing_the_known(stack: MemoryStack) -> N
     stack.blocks.ensure_user("ann")
     before = snapshot(stack)
     known = ", ".join(sorted({*BUNDLED_PROFILES, "notes_plus"}))
-    for attempt in (
+    attempts: list[Callable[[], object]] = [
         lambda: stack.blocks.ensure_user("cat", "ghost"),
         lambda: stack.edits.set_profile("ann", "ghost", TEACHER),
-    ):
-        unknown = f"^unknown profile 'ghost'; the known profiles are {known}$"
+    ]
+    unknown = f"^unknown profile 'ghost'; the known profiles are {known}$"
+    for attempt in attempts:
         with pytest.raises(ProfileError, match=unknown):
             attempt()
     assert snapshot(stack) == before
@@ -228,7 +229,7 @@ def test_a_hostile_profile_record_is_one_error_and_changes_nothing(
     stack.blocks.ensure_user("ann", "default")
     _commit_by_hand(stack.git.repo_path("ann"), make)
     before = snapshot(stack)
-    attempts = [
+    attempts: list[Callable[[], object]] = [
         lambda: stack.blocks.ensure_user("ann"),
         lambda: stack.blocks.read_blocks("ann"),
         lambda: stack.blocks.read_block("ann", "notes"),
