@@ -318,3 +318,22 @@ async def test_two_users_with_their_own_profiles_share_one_worker(
             assert ("YouLab Essay Coach" in system) is ann
         assert (await rig.client.profile_of("ann")).name == "essay-coach"
         assert (await rig.client.profile_of("ben")).name == "default"
+
+
+def test_a_profile_change_interrupted_before_its_commit_is_rolled_back(
+    stack: MemoryStack,
+) -> None:
+    """A crash between writing `profile.toml` and committing leaves a journal naming it; the
+    next transaction puts the record (file and index) back to HEAD's, so no later commit of a
+    block carries an unfinished profile change along."""
+    stack.blocks.ensure_user("ann", "default")
+    repo = stack.git.repo_path("ann")
+    head = stack.git.head("ann")
+    (repo / ".git" / "dmem-journal").write_text(f"base={head}\nprofile.toml", encoding="utf-8")
+    (repo / "profile.toml").write_text('name = "notes_plus"\n', encoding="utf-8")
+    _git(repo, "add", "profile.toml")
+    sha = stack.edits.edit_block("ann", "notes", {"value": "after"}, TEACHER)
+    assert _git(repo, "show", f"{sha}:profile.toml") == 'name = "default"\n'
+    assert _git(repo, "status", "--porcelain") == ""
+    assert not (repo / ".git" / "dmem-journal").exists()
+    assert _labels(stack, "ann") == ["persona", "human", "notes"]
