@@ -24,6 +24,7 @@ from durable_memory.client import MemoryClient, connect_temporal
 from durable_memory.config import Settings, load_settings
 from durable_memory.memory.core.errors import DurableMemoryError, UnsafeFile, validation_message
 from durable_memory.memory.core.ids import validate_diff_id, validate_user_id
+from durable_memory.memory.core.profiles import ProfileCatalog
 from durable_memory.memory.store.git import validate_author_name
 from durable_memory.models.archive import ArchiveSearch, TagMatch
 from durable_memory.models.diffs import DiffStatus
@@ -92,7 +93,7 @@ def cmd_init(args: argparse.Namespace) -> None:
 
 
 def cmd_profiles(args: argparse.Namespace) -> None:
-    profiles = _stack(args).blocks.profiles
+    profiles = ProfileCatalog(_settings(args).memory.profile)  # no store is opened
     rows = {name: profiles.describe(name) for name in profiles.names()}
     if args.json:
         print(json.dumps({"default": profiles.default_name, "profiles": rows}, indent=2))
