@@ -1,4 +1,10 @@
-"""What crosses the Temporal boundary for turns and rotations: ids and small values only."""
+"""What crosses the Temporal boundary for turns and rotations: ids and small values only.
+
+One module though over 300 lines: these payloads are one contract, the one a caller in any
+language codes against (its JSON Schemas are generated from here), and read together: a
+turn's input and the worker's settings it runs with, the decisions sent to it, and what it
+answers.
+"""
 
 from datetime import datetime, timedelta
 from enum import StrEnum
