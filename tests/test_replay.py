@@ -13,7 +13,11 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from durable_memory.workers.worker import WORKFLOWS
-from durable_memory.workflows.turn import ANSWER_BEFORE_ROTATION_CHECK, WORKER_TURN_SETTINGS
+from durable_memory.workflows.turn import (
+    ANSWER_BEFORE_ROTATION_CHECK,
+    OPERATOR_SEARCH_ATTRIBUTES,
+    WORKER_TURN_SETTINGS,
+)
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 
@@ -39,6 +43,7 @@ def test_there_are_histories_to_replay() -> None:
     here = HISTORIES[0].parent
     assert _patches(here / "turn_approve_reject_expire.json") == {
         ANSWER_BEFORE_ROTATION_CHECK,
+        OPERATOR_SEARCH_ATTRIBUTES,
         WORKER_TURN_SETTINGS,
     }
     assert _patches(here / "turn_approve_reject_expire_before_worker_settings.json") == {
