@@ -49,6 +49,7 @@ from durable_memory.decision_delivery import (
     decision_error,
     execute_decision,
     failure_message,
+    signal_payload,
 )
 from durable_memory.memory.core.errors import (
     DecisionRefused,
@@ -190,14 +191,11 @@ class MemoryClient:
             user_id=user_id,
             turn_id=turn_id or uuid.uuid4().hex,
             message=message,
-            max_steps=self.settings.memory.max_steps,
-            approval_ttl_s=self.settings.turn.approval_ttl_s,
-            activities=self.settings.activities,
             profile=profile,
         )
         start: WithStartWorkflowOperation[Any, TurnOutcome] = WithStartWorkflowOperation(
             TURN_WORKFLOW,
-            turn,
+            turn.model_dump(mode="json", exclude_none=True),  # the worker's settings apply
             result_type=TurnOutcome,
             id=turn_workflow_id(user_id, turn.turn_id),
             task_queue=self.settings.temporal.task_queue,
@@ -275,7 +273,6 @@ class MemoryClient:
         decision: DiffDecision = _checked(
             DiffDecision,
             diff_id=diff_id,
-            user_id=diff.user_id,
             decision=kind,
             approver=approver,
             reason=reason,
@@ -301,7 +298,7 @@ class MemoryClient:
                     if found.typed_search_attributes.get(USER_ID) != diff.user_id:
                         continue
                 if not wait:
-                    await handle.signal(kind, decision)
+                    await handle.signal(kind, signal_payload(decision))
                     return None
                 return await execute_decision(
                     self.client,

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.models.activity_settings import SETTINGS_FILE_CONTEXT, ActivitiesSettings
+from durable_memory.models.turn import MAX_STEPS_LIMIT, WorkerTurnSettings
 
 
 class ConfigError(DurableMemoryError):
@@ -28,7 +29,7 @@ class MemorySettings(BaseModel):
     """Archival memory: the embedded SQLite store in data_dir, or Weaviate at WEAVIATE_URL."""
     rotation_target_ratio: float = Field(default=0.5, ge=0.05, le=1.0)
     """After rotation a block holds at most this share of its char limit."""
-    max_steps: int = Field(default=8, ge=1, le=50)
+    max_steps: int = Field(default=8, ge=1, le=MAX_STEPS_LIMIT)
     """Model calls per turn before the turn ends with a note saying so."""
 
 
@@ -102,6 +103,14 @@ class Settings(BaseModel):
     activities: ActivitiesSettings = ActivitiesSettings()
     turn: TurnSettings = TurnSettings()
     rotation: RotationScheduleSettings = RotationScheduleSettings()
+
+    def turn_settings(self) -> WorkerTurnSettings:
+        """What a turn on this deployment runs with; its worker hands it to each turn."""
+        return WorkerTurnSettings(
+            max_steps=self.memory.max_steps,
+            approval_ttl_s=self.turn.approval_ttl_s,
+            activities=self.activities,
+        )
 
 
 _SETTINGS_ENV = {

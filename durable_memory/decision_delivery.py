@@ -84,7 +84,9 @@ async def execute_decision(
             meta=UpdateMeta(update_id=update_id, identity=client.identity),
             input=UpdateInput(
                 name="decide",
-                args=Payloads(payloads=await client.data_converter.encode([decision])),
+                args=Payloads(
+                    payloads=await client.data_converter.encode([update_payload(decision)])
+                ),
             ),
         ),
         wait_policy=WaitPolicy(lifecycle_stage=ACCEPTED),
@@ -118,6 +120,17 @@ async def execute_decision(
             result_type=DecisionOutcome,
         ).result()
         return outcome
+
+
+def update_payload(decision: DiffDecision) -> dict[str, Any]:
+    """The `decide` Update's payload as sent: the fields set, not the user (the turn knows)."""
+    return decision.model_dump(mode="json", exclude_none=True, exclude={"user_id"})
+
+
+def signal_payload(decision: DiffDecision) -> dict[str, Any]:
+    """An `approve` / `reject` signal's payload: as the Update's, without the decision, which
+    the signal's name carries."""
+    return decision.model_dump(mode="json", exclude_none=True, exclude={"user_id", "decision"})
 
 
 BUSY_STATUSES = (

@@ -112,7 +112,7 @@ async def _run(root: Path, as_json: bool, live: bool, keep: bool) -> dict[str, A
             model = scope.enter_context(worker_model(script))
             source = "Claude (live)" if live else "scripted model"
             pool = scope.enter_context(concurrent.futures.ThreadPoolExecutor(ACTIVITY_THREADS))
-            worker = build_worker(env.client, settings.temporal.task_queue, stack, model, pool)
+            worker = build_worker(env.client, settings, stack, model, pool)
             async with worker:
                 client = MemoryClient(env.client, settings, stack)
                 say(f"== Temporal UI: {ui}   model: {source}")

@@ -114,7 +114,8 @@ async def turn(temporal_env: WorkflowEnvironment, tmp_path: Any) -> AsyncIterato
 NOT_A_DIFF_ID = st.text(max_size=40).filter(lambda s: not re.fullmatch(r"[0-9a-f]{32}", s))
 MALFORMED: dict[str, st.SearchStrategy[Any]] = {  # a value DiffDecision refuses to decode
     "diff_id": NOT_A_DIFF_ID | st.integers(),
-    "user_id": st.integers() | st.none() | st.lists(st.text(max_size=3), max_size=2),
+    # (null is no longer malformed: a decision need not name the user, its turn knows it)
+    "user_id": st.integers() | st.lists(st.text(max_size=3), max_size=2),
     "decision": st.text(max_size=10).filter(lambda s: s not in ("approve", "reject")),
     "approver": st.just("") | st.text(min_size=101, max_size=120) | st.integers(),
     "reason": st.text(min_size=2001, max_size=2100) | st.integers(),

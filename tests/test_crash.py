@@ -125,7 +125,7 @@ async def test_dev_server_restart_during_the_approval_wait(tmp_path: Path) -> No
         model = AnthropicModel(base_url=model_server.url)
         env = await start_dev_server(settings)
         client = MemoryClient(env.client, settings, stack)
-        async with build_worker(env.client, settings.temporal.task_queue, stack, model, pool):
+        async with build_worker(env.client, settings, stack, model, pool):
             reply = await client.send_message("alice", "Hi, I'm Alice", turn_id="r1")
         await env.shutdown()  # the server goes down while the turn awaits approval
 
@@ -133,7 +133,7 @@ async def test_dev_server_restart_during_the_approval_wait(tmp_path: Path) -> No
         client = MemoryClient(env.client, settings, stack)
         # A signal is accepted while no worker runs; the turn applies it when one starts.
         assert await client.approve(reply.diffs[0].id, "ms-rivera", wait=False) is None
-        async with build_worker(env.client, settings.temporal.task_queue, stack, model, pool):
+        async with build_worker(env.client, settings, stack, model, pool):
             outcome = await turn_outcome(client, "alice", "r1")
         await env.shutdown()
     assert [d.status for d in outcome.decisions] == [DiffStatus.APPROVED]

@@ -12,6 +12,7 @@ from temporalio.testing import ActivityEnvironment
 
 from durable_memory.activities.turn import TurnActivities
 from durable_memory.bootstrap import MemoryStack, open_stack
+from durable_memory.config import Settings
 from durable_memory.memory.agent.llm import AnthropicModel
 from durable_memory.memory.store.diffs import DiffStore
 from durable_memory.models.diffs import DiffStatus, PendingDiff, Proposer
@@ -30,7 +31,7 @@ def stack(tmp_path: Path) -> Iterator[MemoryStack]:
 @pytest.fixture
 def activities(stack: MemoryStack) -> Iterator[TurnActivities]:
     model = AnthropicModel(base_url="http://127.0.0.1:9")  # never called by `decide`
-    yield TurnActivities(stack, stack.turn_steps(model))
+    yield TurnActivities(stack, stack.turn_steps(model), Settings().turn_settings())
     model.close()
 
 

@@ -251,7 +251,9 @@ def test_every_retry_policy_is_finite(tmp_path: Path) -> None:
             "activities": {"memory": {"start_to_close_s": 30, "retry": {"maximum_attempts": 0}}},
         }
     )
-    assert old.activities.memory.retry.maximum_attempts == RetrySettings().maximum_attempts
+    assert old.legacy_settings().activities.memory.retry.maximum_attempts == (
+        RetrySettings().maximum_attempts
+    )
     # A person who writes 0 in a config file is told it is not allowed.
     config = tmp_path / "temporal.yaml"
     config.write_text(

@@ -1,6 +1,7 @@
 """Determinism: recorded histories of a turn (approval, rejection, expiry) and of a rotation
 replay against today's workflow code, in the sandbox, with the pydantic converter. Each
-patch keeps a history recorded before it (`*_unpatched.json`) next to one recorded after."""
+patch keeps a history recorded before it (`*_unpatched.json`, `*_before_<patch>.json`) next
+to one recorded after."""
 
 import base64
 import json
@@ -12,7 +13,11 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from durable_memory.workers.worker import WORKFLOWS
-from durable_memory.workflows.turn import ANSWER_BEFORE_ROTATION_CHECK
+from durable_memory.workflows.turn import (
+    ANSWER_BEFORE_ROTATION_CHECK,
+    OPERATOR_SEARCH_ATTRIBUTES,
+    WORKER_TURN_SETTINGS,
+)
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 
@@ -31,11 +36,19 @@ def _patches(path: Path) -> set[str]:
 def test_there_are_histories_to_replay() -> None:
     assert {h.name for h in HISTORIES} >= {
         "turn_approve_reject_expire.json",
+        "turn_approve_reject_expire_before_worker_settings.json",
         "turn_approve_reject_expire_unpatched.json",
         "rotation.json",
     }
     here = HISTORIES[0].parent
-    assert _patches(here / "turn_approve_reject_expire.json") == {ANSWER_BEFORE_ROTATION_CHECK}
+    assert _patches(here / "turn_approve_reject_expire.json") == {
+        ANSWER_BEFORE_ROTATION_CHECK,
+        OPERATOR_SEARCH_ATTRIBUTES,
+        WORKER_TURN_SETTINGS,
+    }
+    assert _patches(here / "turn_approve_reject_expire_before_worker_settings.json") == {
+        ANSWER_BEFORE_ROTATION_CHECK
+    }
     assert _patches(here / "turn_approve_reject_expire_unpatched.json") == set()
 
 

@@ -18,6 +18,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from durable_memory.config import Settings
 from durable_memory.memory.agent.steps import step_limit_note
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.turn import (
@@ -35,6 +36,7 @@ from durable_memory.models.turn import (
     TurnOutcome,
     TurnReply,
     TurnStatus,
+    WorkerTurnSettings,
     turn_workflow_id,
 )
 from durable_memory.workflows.turn import TurnWorkflow
@@ -56,8 +58,14 @@ class StandInActivities:
 
     model_steps: list[int]
     failing_step: int | None = None
+    settings: WorkerTurnSettings = field(default_factory=lambda: Settings().turn_settings())
+    """What the worker's configuration says (the `dmem.turn_settings` local activity)."""
     calls: list[tuple[str, Any]] = field(default_factory=list)
     proposed: int = 0
+
+    @activity.defn(name="dmem.turn_settings")
+    async def turn_settings(self) -> WorkerTurnSettings:
+        return self.settings
 
     @activity.defn(name="dmem.prepare_turn")
     async def prepare_turn(self, turn: TurnInput) -> PreparedTurn:
@@ -113,6 +121,7 @@ class StandInActivities:
 
     def all(self) -> list[Any]:
         return [
+            self.turn_settings,
             self.prepare_turn,
             self.call_model,
             self.run_tools,
@@ -260,11 +269,28 @@ async def test_the_step_limit_ends_the_loop_and_says_so_in_the_reply(
         await handle.result()
 
 
+@pytest.mark.parametrize("asked", [None, 5])
+async def test_the_workers_step_limit_applies_and_caps_the_callers(
+    time_skipping_env: WorkflowEnvironment, asked: int | None
+) -> None:
+    two = Settings().turn_settings().model_copy(update={"max_steps": 2})
+    stand_ins = StandInActivities(model_steps=[1] * 5, settings=two)
+    asking = {} if asked is None else {"max_steps": asked}
+    async with started_turn(time_skipping_env, stand_ins, **asking) as handle:
+        reply: TurnReply = await handle.execute_update("reply", result_type=TurnReply)
+        assert reply.reply == f"reply 2\n\n{step_limit_note(2)}"
+        for n in (1, 2):  # the signal's name is the decision: the payload need not say it
+            await handle.signal("reject", {"diff_id": _diff_id(n), "approver": "ms-rivera"})
+        outcome: TurnOutcome = await handle.result()
+    assert [d.status for d in outcome.decisions] == [DiffStatus.REJECTED] * 2
+
+
 async def test_undecided_diffs_expire_when_the_approval_window_passes(
     time_skipping_env: WorkflowEnvironment,
 ) -> None:
-    stand_ins = StandInActivities(model_steps=[1, 0])
-    async with started_turn(time_skipping_env, stand_ins, approval_ttl_s=30 * 24 * 3600) as handle:
+    month = Settings().turn_settings().model_copy(update={"approval_ttl_s": 30 * 24 * 3600})
+    stand_ins = StandInActivities(model_steps=[1, 0], settings=month)
+    async with started_turn(time_skipping_env, stand_ins) as handle:
         await handle.execute_update("reply", result_type=TurnReply)
         outcome: TurnOutcome = await handle.result()  # the test server skips the month
     assert stand_ins.calls[-1] == ("expire_diffs", [_diff_id(1)])

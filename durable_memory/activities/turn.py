@@ -23,6 +23,7 @@ from durable_memory.models.turn import (
     StepInput,
     ToolStepResult,
     TurnInput,
+    WorkerTurnSettings,
 )
 
 
@@ -61,9 +62,16 @@ def _lost_message(diff: PendingDiff, decision: DiffDecision) -> str:
 
 
 class TurnActivities:
-    def __init__(self, stack: MemoryStack, steps: TurnSteps) -> None:
+    def __init__(self, stack: MemoryStack, steps: TurnSteps, settings: WorkerTurnSettings) -> None:
         self.stack = stack
         self.steps = steps
+        self.settings = settings
+
+    @activity.defn(name="dmem.turn_settings")
+    def turn_settings(self) -> WorkerTurnSettings:
+        """The deployment's settings for a turn (run as a local activity: its result is
+        recorded in the turn's history, so replay and every later step see the same)."""
+        return self.settings
 
     @activity.defn(name="dmem.prepare_turn")
     def prepare_turn(self, turn: TurnInput) -> PreparedTurn:

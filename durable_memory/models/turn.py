@@ -1,4 +1,10 @@
-"""What crosses the Temporal boundary for turns and rotations: ids and small values only."""
+"""What crosses the Temporal boundary for turns and rotations: ids and small values only.
+
+One module though over 300 lines: these payloads are one contract, the one a caller in any
+language codes against (its JSON Schemas are generated from here), and read together: a
+turn's input and the worker's settings it runs with, the decisions sent to it, and what it
+answers.
+"""
 
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -32,25 +38,97 @@ UserId = Annotated[str, AfterValidator(USER_ID.check)]
 reports the rule's ValueError as the field's problem)."""
 
 
-class TurnInput(BaseModel):
-    """A turn's input. Validated strictly by the workflow itself (see workflows/turn.py), so a
-    caller in any language gets a refusal naming the field, not a workflow task retried."""
+MAX_STEPS_LIMIT = 50
+"""No deployment lets a turn take more model steps than this (`memory.max_steps`)."""
+LEGACY_MAX_STEPS = 8
+LEGACY_APPROVAL_TTL_S = 7 * 24 * 3600
+"""What a turn started before the worker's settings applied (patch `worker-turn-settings`)
+used when its input omitted `max_steps` / `approval_ttl_s`: replaying it must use the same."""
+
+
+class WorkerTurnSettings(BaseModel):
+    """The deployment's settings for a turn, read by the worker from its configuration
+    (temporal.yaml / environment: `memory.max_steps`, `turn.approval_ttl_s`, `activities`).
+    A turn takes them from the worker in its first step (the `dmem.turn_settings` local
+    activity, recorded in its history), so a caller never has to know or send them."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    user_id: UserId
-    turn_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
-    max_steps: int = Field(default=8, ge=1, le=50)
-    approval_ttl_s: float = Field(default=7 * 24 * 3600, gt=0)
-    activities: ActivitiesSettings = ActivitiesSettings()
-    profile: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-    """The user's profile, for their first turn (None: the deployment's default); a later turn
-    naming another is refused, as changing it is an explicit operation (`dmem profile set`)."""
+    max_steps: int = Field(ge=1, le=MAX_STEPS_LIMIT, description="Model calls per turn at most.")
+    approval_ttl_s: float = Field(gt=0, description="Undecided diffs expire after this long.")
+    activities: ActivitiesSettings = Field(
+        description="Timeouts and retry policies of the turn's activities."
+    )
 
     @property
     def approval_ttl(self) -> timedelta:
         return timedelta(seconds=self.approval_ttl_s)
+
+
+class TurnInput(BaseModel):
+    """A turn's input: only what the caller decides. The step limit, the approval TTL and the
+    activities' timeouts and retries are the deployment's (`WorkerTurnSettings`); a caller may
+    ask for fewer steps or a shorter approval wait, never for more than the deployment allows.
+
+    Validated strictly by the workflow itself (see workflows/turn.py), so a caller in any
+    language gets a refusal naming the field, not a workflow task retried."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    user_id: UserId = Field(description="Whose memory the turn reads and proposes edits to.")
+    turn_id: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="The caller's id for the turn; the workflow id is `turn:<user_id>:<turn_id>`.",
+    )
+    message: str = Field(
+        min_length=1, max_length=MAX_MESSAGE_CHARS, description="The user's message."
+    )
+    max_steps: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_STEPS_LIMIT,
+        description="Optional: at most this many model calls for this turn. The worker's "
+        "`memory.max_steps` caps it; omitted, the worker's applies.",
+    )
+    approval_ttl_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Optional: expire this turn's undecided diffs sooner (seconds). The "
+        "worker's `turn.approval_ttl_s` caps it; omitted, the worker's applies.",
+    )
+    activities: ActivitiesSettings | None = Field(
+        default=None,
+        description="Deprecated and ignored: the worker's `activities` settings apply. "
+        "Accepted so that the input of turns started before (and of older clients) decodes.",
+        json_schema_extra={"deprecated": True},
+    )
+    profile: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$",
+        description="Optional: the user's profile, for their first turn (omitted: the "
+        "deployment's default). A later turn naming another is refused: changing it is an "
+        "explicit operation (`dmem profile set`).",
+    )
+
+    def settings_under(self, worker: WorkerTurnSettings) -> WorkerTurnSettings:
+        """The settings this turn runs with: the worker's, lowered where the caller asked."""
+        return worker.model_copy(
+            update={
+                "max_steps": min(worker.max_steps, self.max_steps or worker.max_steps),
+                "approval_ttl_s": min(
+                    worker.approval_ttl_s, self.approval_ttl_s or worker.approval_ttl_s
+                ),
+            }
+        )
+
+    def legacy_settings(self) -> WorkerTurnSettings:
+        """The settings of a turn started before the worker's applied: its input's own, or the
+        defaults the input had then (replaying such a turn must issue the same commands)."""
+        return WorkerTurnSettings(
+            max_steps=self.max_steps or LEGACY_MAX_STEPS,
+            approval_ttl_s=self.approval_ttl_s or LEGACY_APPROVAL_TTL_S,
+            activities=self.activities or ActivitiesSettings(),
+        )
 
 
 ID_SEPARATOR = ":"
@@ -171,17 +249,58 @@ class TurnReply(BaseModel):
     stopped_at_step_limit: bool
 
 
-class DiffDecision(BaseModel):
-    """A human decision, validated strictly by the workflow like TurnInput."""
+class DecisionPayload(BaseModel):
+    """What every decision carries, however it is sent. Validated strictly by the workflow
+    like TurnInput."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    diff_id: str = Field(pattern=r"^[0-9a-f]{32}$")
-    user_id: UserId
-    decision: Literal["approve", "reject"]
-    approver: str = Field(min_length=1, max_length=100)
-    reason: str | None = Field(default=None, max_length=2000)
-    edited_markdown: str | None = Field(default=None, max_length=MAX_EDITED_MARKDOWN_CHARS)
+    diff_id: str = Field(
+        pattern=r"^[0-9a-f]{32}$", description="The diff decided: an id from the reply's `diffs`."
+    )
+    approver: str = Field(
+        min_length=1, max_length=100, description="Who decides; the commit records them."
+    )
+    reason: str | None = Field(
+        default=None, max_length=2000, description="Why: a rejection's reason, an approval's note."
+    )
+    edited_markdown: str | None = Field(
+        default=None,
+        max_length=MAX_EDITED_MARKDOWN_CHARS,
+        description="An approval only: the block as the reviewer edited it (its Markdown form).",
+    )
+    user_id: UserId | None = Field(
+        default=None,
+        description="Optional: the turn knows its user. If given it must be the turn's user; "
+        "a decision for another user's diff is refused (UnknownDiff).",
+    )
+
+
+class DiffDecision(DecisionPayload):
+    """The `decide` Update's payload; also a decision as the turn applies it (the
+    `dmem.decide` activity's input, `user_id` filled in by the turn)."""
+
+    decision: Literal["approve", "reject"] = Field(description="Approve or reject the diff.")
+
+
+class SignalledDecision(DecisionPayload):
+    """The payload of the `approve` and `reject` signals: the signal's name is the decision."""
+
+    decision: Literal["approve", "reject"] | None = Field(
+        default=None,
+        description="Redundant, accepted for older callers: the signal's name decides. If "
+        "given it must agree with the name; a contradiction is refused (logged and ignored).",
+    )
+
+    def as_decision(self, kind: Literal["approve", "reject"]) -> DiffDecision:
+        """This payload as the decision its signal `kind` makes; ValueError if it names the
+        other decision."""
+        if self.decision not in (None, kind):
+            raise ValueError(
+                f"the {kind} signal carries decision '{self.decision}'; send it as the "
+                f"'{self.decision}' signal, or without `decision`"
+            )
+        return DiffDecision(**self.model_dump(exclude={"decision"}), decision=kind)
 
 
 class DecisionOutcome(BaseModel):

@@ -26,10 +26,11 @@ WORKFLOWS: Sequence[type] = (TurnWorkflow, RotationWorkflow, RotationSweepWorkfl
 ACTIVITY_THREADS = 16
 
 
-def activities_for(stack: MemoryStack, model: ChatModel) -> list[Any]:
-    turns = TurnActivities(stack, stack.turn_steps(model))
+def activities_for(stack: MemoryStack, model: ChatModel, settings: Settings) -> list[Any]:
+    turns = TurnActivities(stack, stack.turn_steps(model), settings.turn_settings())
     rotation = RotationActivities(stack)
     return [
+        turns.turn_settings,
         turns.prepare_turn,
         turns.call_model,
         turns.run_tools,
@@ -46,16 +47,18 @@ def activities_for(stack: MemoryStack, model: ChatModel) -> list[Any]:
 
 def build_worker(
     client: Client,
-    task_queue: str,
+    settings: Settings,
     stack: MemoryStack,
     model: ChatModel,
     executor: concurrent.futures.ThreadPoolExecutor,
 ) -> Worker:
+    """A worker on `settings.temporal.task_queue` whose turns run with `settings`' turn
+    settings (step limit, approval TTL, activity timeouts and retries)."""
     return Worker(
         client,
-        task_queue=task_queue,
+        task_queue=settings.temporal.task_queue,
         workflows=list(WORKFLOWS),
-        activities=activities_for(stack, model),
+        activities=activities_for(stack, model, settings),
         activity_executor=executor,
         max_concurrent_activities=ACTIVITY_THREADS,
     )
@@ -106,7 +109,7 @@ async def run_worker(
     """Run until `stop` is set, then shut down gracefully."""
     stack = stack_from_settings(settings)
     with concurrent.futures.ThreadPoolExecutor(ACTIVITY_THREADS) as executor:
-        worker = build_worker(client, settings.temporal.task_queue, stack, model, executor)
+        worker = build_worker(client, settings, stack, model, executor)
         freeze_startup_objects()
         async with worker:
             await stop.wait()

@@ -27,10 +27,10 @@ types; `decision_queue`: the queue and its answers).
 
 import contextlib
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 from temporalio import workflow
-from temporalio.common import RawValue, SearchAttributeUpdate
+from temporalio.common import RawValue, RetryPolicy, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
@@ -38,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
     from durable_memory.memory.agent.steps import turn_reply
     from durable_memory.memory.core.errors import DurableMemoryError, short_message
     from durable_memory.memory.store.git import validate_author_name
+    from durable_memory.models.activity_settings import ActivitiesSettings
     from durable_memory.models.diffs import DiffStatus
     from durable_memory.models.turn import (
         DecisionOutcome,
@@ -49,11 +50,13 @@ with workflow.unsafe.imports_passed_through():
         RejectedSignals,
         RotationCandidate,
         RotationInput,
+        SignalledDecision,
         StepInput,
         TurnInput,
         TurnOutcome,
         TurnReply,
         TurnStatus,
+        WorkerTurnSettings,
         turn_workflow_id,
     )
     from durable_memory.workflows.common import (
@@ -90,6 +93,17 @@ before it issue none of those commands and replay without them."""
 FAILED_INPUT_STEP = "input"
 """DmemFailedStep of a turn whose input was refused: no step ran."""
 
+WORKER_TURN_SETTINGS = "worker-turn-settings"
+"""Patch: the turn's step limit, approval TTL and activity options are the worker's
+configuration (the `dmem.turn_settings` local activity), lowered where the caller asked. A
+turn started before it runs on with what its input carried (or the defaults it had then)."""
+
+TURN_SETTINGS_TIMEOUT = timedelta(seconds=10)
+TURN_SETTINGS_RETRY = RetryPolicy(maximum_attempts=3)
+"""The options of the step that fetches the turn's settings, so fixed here: it only reads
+the worker's configuration in memory; a worker that cannot answer in 10 s three times is
+broken, and the turn fails naming `dmem.turn_settings`."""
+
 RECENT_REJECTIONS = 10
 
 DecisionAnswer = DecisionOutcome | ApplicationError
@@ -104,6 +118,7 @@ class TurnWorkflow:
         # decoded here too, so the `reply` Update of an update-with-start can answer a refused
         # input with its message.
         self._turn: TurnInput | None = None
+        self._settings: WorkerTurnSettings | None = None
         self._failure: ApplicationError | None = None
         try:
             self._turn = decode_input(turn, TurnInput)
@@ -140,7 +155,8 @@ class TurnWorkflow:
                 PENDING_DIFFS.value_set(0),
             ]
         )
-        memory = activity_options(turn.activities.memory)
+        settings = await self._turn_settings(turn)
+        memory = activity_options(settings.activities.memory)
         prepared = await workflow.execute_activity_method(
             TurnActivities.prepare_turn,
             turn,
@@ -157,12 +173,12 @@ class TurnWorkflow:
                 turn_id=turn.turn_id,
                 diff_ids=self._proposed,
                 stopped_at_step_limit=stopped,
-                max_steps=turn.max_steps,
+                max_steps=settings.max_steps,
             ),
             summary="describe the proposed diffs",
             **memory,
         )
-        reply = turn_reply(text, stopped, turn.max_steps)
+        reply = turn_reply(text, stopped, settings.max_steps)
         self._reply = TurnReply(
             user_id=turn.user_id,
             turn_id=turn.turn_id,
@@ -197,6 +213,27 @@ class TurnWorkflow:
             status=final,
         )
 
+    async def _turn_settings(self, turn: TurnInput) -> WorkerTurnSettings:
+        """The settings this turn runs with, fixed for its whole run (see the patch)."""
+        if workflow.patched(WORKER_TURN_SETTINGS):
+            worker = await workflow.execute_local_activity_method(
+                TurnActivities.turn_settings,
+                summary="the deployment's turn settings",
+                start_to_close_timeout=TURN_SETTINGS_TIMEOUT,
+                retry_policy=TURN_SETTINGS_RETRY,
+            )
+            self._settings = turn.settings_under(worker)
+        else:
+            self._settings = turn.legacy_settings()
+        return self._settings
+
+    @property
+    def _activities(self) -> ActivitiesSettings:
+        """The activities' options; known once the turn has its settings, which every step
+        that uses them comes after."""
+        assert self._settings is not None
+        return self._settings.activities
+
     async def _fail(self, failure: ApplicationError, step: str) -> TurnOutcome:
         """End the turn with `failure` at `step`: its diffs expired, waiting callers
         answered."""
@@ -204,11 +241,9 @@ class TurnWorkflow:
         self._upsert_for_operators(FAILED_STEP.value_set(step))
         self._close_decisions()
         undecided = [d for d in self._proposed if d not in self._outcomes]
-        if undecided and self._turn is not None:
+        if undecided and self._settings is not None:
             try:
-                await self._expire(
-                    self._turn, undecided, f"expire {len(undecided)} diff(s) of the failed turn"
-                )
+                await self._expire(undecided, f"expire {len(undecided)} diff(s) of the failed turn")
             except ActivityError as error:  # the turn's own failure is the one to report
                 workflow.logger.warning("could not expire the failed turn's diffs: %s", error)
         self._close_decisions()
@@ -221,13 +256,14 @@ class TurnWorkflow:
         """The agent loop: (last reply text, stopped at the step limit); the diffs it proposes
         are collected in `self._proposed`."""
         text = ""
-        for step in range(1, turn.max_steps + 1):
+        assert self._settings is not None
+        for step in range(1, self._settings.max_steps + 1):
             where = StepInput(user_id=turn.user_id, turn_id=turn.turn_id, step=step)
             result = await workflow.execute_activity_method(
                 TurnActivities.call_model,
                 where,
                 summary=f"model call {step}",
-                **activity_options(turn.activities.model_call),
+                **activity_options(self._activities.model_call),
             )
             text = result.text
             if result.tool_calls == 0:
@@ -236,7 +272,7 @@ class TurnWorkflow:
                 TurnActivities.run_tools,
                 where,
                 summary=f"run {result.tool_calls} tool call(s) of step {step}",
-                **activity_options(turn.activities.memory),
+                **activity_options(self._activities.memory),
             )
             self._proposed.extend(tools.diff_ids)
             if tools.diff_ids:
@@ -255,7 +291,8 @@ class TurnWorkflow:
             workflow.logger.info("turn %s has already ended; nothing to tell", turn_id)
 
     async def _await_decisions(self, turn: TurnInput) -> None:
-        deadline = workflow.now() + turn.approval_ttl
+        assert self._settings is not None
+        deadline = workflow.now() + self._settings.approval_ttl
         self._set_status(TurnStatus.AWAITING_APPROVAL)
         while self._open:
             remaining = (deadline - workflow.now()).total_seconds()
@@ -275,16 +312,14 @@ class TurnWorkflow:
             # No decision is taken from here on: one queued during the expiry would wait
             # for an answer that never comes.
             self._close_decisions()
-            await self._expire(
-                turn, list(self._open), f"expire {len(self._open)} undecided diff(s)"
-            )
+            await self._expire(list(self._open), f"expire {len(self._open)} undecided diff(s)")
 
-    async def _expire(self, turn: TurnInput, diff_ids: list[str], summary: str) -> None:
+    async def _expire(self, diff_ids: list[str], summary: str) -> None:
         outcomes = await workflow.execute_activity_method(
             TurnActivities.expire_diffs,
             diff_ids,
             summary=summary,
-            **activity_options(turn.activities.memory),
+            **activity_options(self._activities.memory),
         )
         for outcome in outcomes:
             self._resolve(outcome)
@@ -300,7 +335,7 @@ class TurnWorkflow:
                 TurnActivities.decide,
                 decision,
                 summary=f"{decision.decision} {decision.diff_id[:8]} by {decision.approver}",
-                **activity_options(turn.activities.commit),
+                **activity_options(self._activities.commit),
             )
         except ActivityError as error:
             self._set_status(TurnStatus.AWAITING_APPROVAL)
@@ -382,14 +417,14 @@ class TurnWorkflow:
                 TurnActivities.needs_rotation,
                 candidate,
                 summary=f"check rotation of {label}",
-                **activity_options(turn.activities.memory),
+                **activity_options(self._activities.memory),
             )
         except ActivityError as error:  # the commit stands; the next sweep checks again
             workflow.logger.warning("rotation check of %s failed: %s", label, error)
             return
         if needed:
             await start_rotation(
-                RotationInput(user_id=turn.user_id, label=label, activities=turn.activities)
+                RotationInput(user_id=turn.user_id, label=label, activities=self._activities)
             )
 
     def _resolve(self, outcome: DecisionOutcome) -> None:
@@ -448,25 +483,33 @@ class TurnWorkflow:
         if self._turn is None and self._failure is not None:  # refused input: say why
             raise self._failure
 
-    def _check(self, decision: DiffDecision) -> None:
-        """Refuse what cannot be decided here. Passing does not promise the decision wins:
-        the handler decides again when its turn in the queue comes."""
-        if self._turn is None or decision.user_id != self._turn.user_id:
+    def _owned(self, decision: DiffDecision) -> DiffDecision:
+        """The decision with this turn's user filled in (a payload may omit it); a decision
+        naming another user is refused like an unknown diff."""
+        if self._turn is None or decision.user_id not in (None, self._turn.user_id):
             raise ApplicationError(
                 f"no diff {decision.diff_id} for user '{decision.user_id}'",
                 type=UNKNOWN_DIFF,
                 non_retryable=True,
             )
+        return decision.model_copy(update={"user_id": self._turn.user_id})
+
+    def _check(self, decision: DiffDecision) -> DiffDecision:
+        """Refuse what cannot be decided here; the decision as this turn applies it. Passing
+        does not promise the decision wins: the handler decides again when its turn in the
+        queue comes."""
+        decision = self._owned(decision)
         if decision.diff_id not in self._open or self._decisions.closed:
             raise self._not_open(decision)
         try:  # the approver's name goes into a commit: refuse a bad one before history
             validate_author_name(decision.approver)
         except DurableMemoryError as error:
             raise ApplicationError(str(error), type=INVALID_INPUT, non_retryable=True) from None
+        return decision
 
     @workflow.update
     async def decide(self, decision: RawValue) -> DecisionOutcome:
-        checked = decode_input(decision, DiffDecision)
+        checked = self._owned(decode_input(decision, DiffDecision))
         # A decision validated together with the one that closed its diff, or the turn,
         # gets the truth now rather than waiting in a queue nobody reads any more.
         if checked.diff_id not in self._open or self._decisions.closed:
@@ -482,15 +525,15 @@ class TurnWorkflow:
     def _validate_decide(self, decision: RawValue) -> None:
         self._check(decode_input(decision, DiffDecision))
 
-    def _enqueue_signal(self, raw: RawValue, kind: str) -> None:
+    def _enqueue_signal(self, raw: RawValue, kind: Literal["approve", "reject"]) -> None:
+        """The signal's name is its decision; a payload that names the other one is refused
+        like any bad signal (logged, counted, shown, and nothing decided)."""
         try:
-            decision = decode_input(raw, DiffDecision)
-            if decision.decision != kind:
-                raise ApplicationError(
-                    f"the {kind} signal carries decision '{decision.decision}'",
-                    type=INVALID_INPUT,
-                )
-            self._check(decision)
+            payload = decode_input(raw, SignalledDecision)
+            try:
+                decision = self._check(payload.as_decision(kind))
+            except ValueError as contradiction:
+                raise ApplicationError(str(contradiction), type=INVALID_INPUT) from None
         except ApplicationError as error:
             self._reject_signal(f"{kind}: {error.message}")
             return

@@ -94,12 +94,13 @@ class TurnResult:
     stopped_at_step_limit: bool
 
 
-def run_turn_steps(steps: TurnSteps, turn: TurnInput) -> TurnResult:
-    """A turn without Temporal: the steps in the order TurnWorkflow runs them as activities."""
+def run_turn_steps(steps: TurnSteps, turn: TurnInput, max_steps: int) -> TurnResult:
+    """A turn without Temporal: the steps in the order TurnWorkflow runs them as activities,
+    with the step limit its worker's settings would give it."""
     steps.prepare(turn)
     diff_ids: list[str] = []
     text, stopped, step = "", True, 0
-    for step in range(1, turn.max_steps + 1):
+    for step in range(1, max_steps + 1):
         where = StepInput(user_id=turn.user_id, turn_id=turn.turn_id, step=step)
         result = steps.call_model(where)
         text = result.text
@@ -113,10 +114,10 @@ def run_turn_steps(steps: TurnSteps, turn: TurnInput) -> TurnResult:
             turn_id=turn.turn_id,
             diff_ids=diff_ids,
             stopped_at_step_limit=stopped,
-            max_steps=turn.max_steps,
+            max_steps=max_steps,
         )
     )
-    return TurnResult(turn_reply(text, stopped, turn.max_steps), diff_ids, step, stopped)
+    return TurnResult(turn_reply(text, stopped, max_steps), diff_ids, step, stopped)
 
 
 @contextlib.contextmanager
@@ -149,8 +150,8 @@ def run_scripted_turn(
     max_steps: int = 8,
 ) -> tuple[TurnResult, list[dict[str, Any]]]:
     with scripted_steps(memory, engine, script, archive) as (steps, server):
-        turn = TurnInput(user_id=user_id, turn_id=turn_id, message=message, max_steps=max_steps)
-        return run_turn_steps(steps, turn), server.requests
+        turn = TurnInput(user_id=user_id, turn_id=turn_id, message=message)
+        return run_turn_steps(steps, turn, max_steps), server.requests
 
 
 def tool_results(request: dict[str, Any]) -> list[dict[str, Any]]:

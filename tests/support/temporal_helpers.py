@@ -101,7 +101,7 @@ async def running_rig(
         concurrent.futures.ThreadPoolExecutor(ACTIVITY_THREADS) as pool,
     ):
         model = AnthropicModel(base_url=server.url)
-        worker = build_worker(client, settings.temporal.task_queue, stack, model, pool)
+        worker = build_worker(client, settings, stack, model, pool)
         async with worker:
             yield Rig(MemoryClient(client, settings, stack), stack, server, settings)
         model.close()

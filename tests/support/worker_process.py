@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+import yaml
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.config import Settings
@@ -43,10 +44,12 @@ def spawn_worker(
     log: Path | None = None,
 ) -> subprocess.Popen[str]:
     """Start `dmem worker` and return once it polls its task queue (its stderr appended to
-    `log`, if given)."""
+    `log`, if given). Its turns run with `settings`' turn settings (step limit, approval TTL,
+    activity options), given to it as a config file as a deployment would."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMEM_", "ANTHROPIC_"))}
     env.update(
         {
+            "DMEM_CONFIG": str(_turn_config_file(settings)),
             "DMEM_DATA_DIR": str(settings.memory.data_dir),
             "DMEM_PROFILE": settings.memory.profile,
             "DMEM_TEMPORAL_ADDRESS": temporal,
@@ -62,6 +65,17 @@ def spawn_worker(
         settings.memory.data_dir.parent,
         log,
     )
+
+
+def _turn_config_file(settings: Settings) -> Path:
+    config = settings.memory.data_dir.parent / f"worker-{settings.temporal.task_queue}.yaml"
+    turn = {
+        "memory": {"max_steps": settings.memory.max_steps},
+        "turn": settings.turn.model_dump(mode="json"),
+        "activities": settings.activities.model_dump(mode="json"),
+    }
+    config.write_text(yaml.safe_dump(turn), encoding="utf-8")
+    return config
 
 
 def start_until_polling(
