@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
 from durable_memory.models.activity_settings import ActivitiesSettings
 from durable_memory.models.blocks import RotationStrategyName
@@ -33,9 +33,16 @@ class TurnStatus(StrEnum):
     """A step failed for good (or the input was invalid): the workflow failed, naming it."""
 
 
-UserId = Annotated[str, AfterValidator(USER_ID.check)]
+UserId = Annotated[
+    str,
+    AfterValidator(USER_ID.check),
+    WithJsonSchema(
+        {"type": "string", "pattern": f"^{USER_ID.pattern.pattern}$", "description": USER_ID.rule}
+    ),
+]
 """A user id, refused with `validate_user_id`'s message wherever a model carries one (pydantic
-reports the rule's ValueError as the field's problem)."""
+reports the rule's ValueError as the field's problem); the published JSON Schemas carry the
+rule as a pattern (the schema only: validation stays the rule's own check and message)."""
 
 
 MAX_STEPS_LIMIT = 50
