@@ -1,0 +1,94 @@
+/**
+ * durable-memory's turn workflow as a TypeScript caller sees it, written from the published
+ * JSON Schemas (schemas/*.json in the repository) and docs/integration.md.
+ *
+ * Every payload is a plain JSON object: the default data converter is all a caller needs.
+ */
+
+/** The workflow type to start. */
+export const TURN_WORKFLOW = 'TurnWorkflow';
+
+/** The Update that returns the reply; send it with update-with-start. */
+export const REPLY_UPDATE = 'reply';
+/** The Update that decides one diff and returns what became of it. */
+export const DECIDE_UPDATE = 'decide';
+/** Fire-and-forget decisions, accepted while no worker runs. */
+export const APPROVE_SIGNAL = 'approve';
+export const REJECT_SIGNAL = 'reject';
+
+/** One workflow per (user, turn); neither id may contain ':'. */
+export function turnWorkflowId(userId: string, turnId: string): string {
+  return `turn:${userId}:${turnId}`;
+}
+
+/** The `type` of the ApplicationFailure a caller gets; see docs/integration.md. */
+export type ErrorType =
+  | 'InvalidInput'
+  | 'TurnFailed'
+  | 'UnknownDiff'
+  | 'DiffAlreadyDecided'
+  | 'DecisionRefused';
+
+/** schemas/TurnInput.json */
+export interface TurnInput {
+  user_id: string;
+  turn_id: string;
+  message: string;
+  max_steps?: number;
+  approval_ttl_s?: number;
+}
+
+export type DiffStatus =
+  | 'pending'
+  | 'approved'
+  | 'rejected'
+  | 'expired'
+  | 'superseded'
+  | 'conflicted';
+
+/** schemas/DiffDecision.json: the `decide` Update's and the signals' payload. */
+export interface DiffDecision {
+  diff_id: string;
+  user_id: string;
+  decision: 'approve' | 'reject';
+  approver: string;
+  reason?: string | null;
+  edited_markdown?: string | null;
+}
+
+export interface ProposedDiff {
+  id: string;
+  label: string;
+  summary: string;
+  status: DiffStatus;
+}
+
+/** schemas/TurnReply.json: what the `reply` Update returns. */
+export interface TurnReply {
+  user_id: string;
+  turn_id: string;
+  workflow_id: string;
+  reply: string;
+  diffs: ProposedDiff[];
+  stopped_at_step_limit: boolean;
+}
+
+/** schemas/DecisionOutcome.json: what the `decide` Update returns, and the details of a
+ * DiffAlreadyDecided failure (the decision that won). */
+export interface DecisionOutcome {
+  diff_id: string;
+  status: DiffStatus;
+  commit_sha: string | null;
+  message: string;
+  label: string | null;
+  decided_by: string | null;
+  decided_at: string | null;
+}
+
+/** schemas/TurnOutcome.json: the workflow's result. */
+export interface TurnOutcome {
+  turn_id: string;
+  reply: string;
+  decisions: DecisionOutcome[];
+  status: 'replying' | 'awaiting_approval' | 'committing' | 'done' | 'expired' | 'failed';
+}
