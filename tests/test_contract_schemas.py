@@ -7,8 +7,28 @@ import subprocess
 import sys
 from pathlib import Path
 
+from temporalio import workflow
+
+from durable_memory.workflows.common import SEARCH_ATTRIBUTES
+from durable_memory.workflows.turn import TurnWorkflow
+from durable_memory.workflows.turn_boundary import (
+    DECISION_REFUSED,
+    DIFF_ALREADY_DECIDED,
+    INVALID_INPUT,
+    TURN_FAILED,
+    TURN_WORKFLOW,
+    UNKNOWN_DIFF,
+)
+
 REPO = Path(__file__).resolve().parent.parent
 GENERATOR = REPO / "scripts" / "schemas.py"
+CALLER_ERROR_TYPES = (
+    INVALID_INPUT,
+    TURN_FAILED,
+    UNKNOWN_DIFF,
+    DIFF_ALREADY_DECIDED,
+    DECISION_REFUSED,
+)
 
 
 def _check(directory: Path) -> subprocess.CompletedProcess[str]:
@@ -48,3 +68,21 @@ def test_each_schema_describes_one_json_object() -> None:
         schema = json.loads(path.read_text(encoding="utf-8"))
         assert schema["type"] == "object", path.name
         assert schema["title"] == path.stem, path.name
+
+
+def test_the_integration_doc_names_every_handler_error_and_search_attribute() -> None:
+    """docs/integration.md is the contract for callers in other languages: a handler, an
+    error type or a search attribute added to the turn workflow must be documented there."""
+    text = (REPO / "docs" / "integration.md").read_text(encoding="utf-8")
+    definition = workflow._Definition.must_from_class(TurnWorkflow)
+    handlers = [*definition.queries, *definition.signals, *definition.updates]
+    assert definition.name == TURN_WORKFLOW
+    names = [
+        TURN_WORKFLOW,
+        *(name for name in handlers if name is not None),  # None would be a dynamic handler
+        *(key.name for key in SEARCH_ATTRIBUTES),
+        *CALLER_ERROR_TYPES,
+        *(path.name for path in sorted((REPO / "schemas").glob("*.json"))),
+    ]
+    missing = [name for name in names if f"`{name}`" not in text and f"{name})" not in text]
+    assert not missing, f"docs/integration.md does not name: {', '.join(missing)}"
