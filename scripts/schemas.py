@@ -21,6 +21,7 @@ from durable_memory.models.turn import (
     DecisionOutcome,
     DiffDecision,
     RejectedSignals,
+    SignalledDecision,
     TurnInput,
     TurnOutcome,
     TurnReply,
@@ -34,6 +35,7 @@ Mode = Literal["validation", "serialization"]
 CONTRACT: dict[str, tuple[type[BaseModel], Mode]] = {
     "TurnInput": (TurnInput, "validation"),
     "DiffDecision": (DiffDecision, "validation"),
+    "SignalledDecision": (SignalledDecision, "validation"),
     "TurnReply": (TurnReply, "serialization"),
     "DecisionOutcome": (DecisionOutcome, "serialization"),
     "TurnOutcome": (TurnOutcome, "serialization"),

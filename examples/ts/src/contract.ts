@@ -29,12 +29,14 @@ export type ErrorType =
   | 'DiffAlreadyDecided'
   | 'DecisionRefused';
 
-/** schemas/TurnInput.json */
+/** schemas/TurnInput.json: only what the caller decides; the rest is the worker's. */
 export interface TurnInput {
   user_id: string;
   turn_id: string;
   message: string;
+  /** Optional: fewer model calls than the worker's `memory.max_steps` (never more). */
   max_steps?: number;
+  /** Optional: a shorter approval wait than the worker's `turn.approval_ttl_s` (never longer). */
   approval_ttl_s?: number;
 }
 
@@ -46,14 +48,21 @@ export type DiffStatus =
   | 'superseded'
   | 'conflicted';
 
-/** schemas/DiffDecision.json: the `decide` Update's and the signals' payload. */
-export interface DiffDecision {
+/** schemas/SignalledDecision.json: the `approve` and `reject` signals' payload (the signal's
+ * name is the decision). */
+export interface SignalledDecision {
   diff_id: string;
-  user_id: string;
-  decision: 'approve' | 'reject';
   approver: string;
   reason?: string | null;
+  /** An approval only: the block as the reviewer edited it (its Markdown form). */
   edited_markdown?: string | null;
+  /** Optional: the turn knows its user; if given it must be the turn's. */
+  user_id?: string;
+}
+
+/** schemas/DiffDecision.json: the `decide` Update's payload. */
+export interface DiffDecision extends SignalledDecision {
+  decision: 'approve' | 'reject';
 }
 
 export interface ProposedDiff {

@@ -29,6 +29,7 @@ import {
   DiffDecision,
   ErrorType,
   REPLY_UPDATE,
+  SignalledDecision,
   TURN_WORKFLOW,
   TurnInput,
   TurnOutcome,
@@ -102,18 +103,13 @@ async function main(): Promise<void> {
     const handle = client.workflow.getHandle(reply.workflow_id);
 
     // 2. Approve by signal: returns once Temporal has recorded it, before it is applied.
-    const approval: DiffDecision = {
-      diff_id: first.id,
-      user_id: userId,
-      decision: 'approve',
-      approver,
-    };
+    const approval: SignalledDecision = { diff_id: first.id, approver };
     await handle.signal(APPROVE_SIGNAL, approval);
     report('approve signal sent', first.id);
 
     // 3. A decision that comes after another on the same diff loses, whichever way it was
     //    sent, and is told who won and with which commit.
-    const late: DiffDecision = { ...approval, decision: 'reject', approver: 'late-reviewer' };
+    const late: DiffDecision = { diff_id: first.id, decision: 'reject', approver: 'latecomer' };
     const lost = await expectRefusal('late decide', 'DiffAlreadyDecided', () =>
       handle.executeUpdate(DECIDE_UPDATE, { args: [late] }),
     );
@@ -123,7 +119,6 @@ async function main(): Promise<void> {
     // 4. Reject by Update: returns when the decision is recorded.
     const rejection: DiffDecision = {
       diff_id: second.id,
-      user_id: userId,
       decision: 'reject',
       approver,
       reason: 'too early to say',
