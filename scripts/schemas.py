@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from durable_memory.models.turn import (
     DecisionOutcome,
     DiffDecision,
+    DiffView,
     RejectedSignals,
     SignalledDecision,
     TurnInput,
@@ -39,6 +40,7 @@ CONTRACT: dict[str, tuple[type[BaseModel], Mode]] = {
     "TurnReply": (TurnReply, "serialization"),
     "DecisionOutcome": (DecisionOutcome, "serialization"),
     "TurnOutcome": (TurnOutcome, "serialization"),
+    "DiffView": (DiffView, "serialization"),
     "RejectedSignals": (RejectedSignals, "serialization"),
 }
 """File name (without .json) -> the model and which side of the wire it describes."""

@@ -1,8 +1,9 @@
 """examples/ts, the TypeScript caller of docs/integration.md, run as written against the real
 dev server and a real worker (the scripted model at its HTTP boundary): update-with-start ->
-reply -> approve by signal -> a late decision refused -> reject by Update -> result, and a bad
-input refused with a named error. It is compiled with its own pinned TypeScript and run with
-Node; `scripts/ensure-node` (the Makefile's unit target) installs both, this test nothing."""
+reply -> approve by signal -> a late decision refused -> reject by Update -> result and the
+diff query, and a bad input refused with a named error. It is compiled with its own pinned
+TypeScript and run with Node; `scripts/ensure-node` (the Makefile's unit target) installs
+both, this test nothing."""
 
 import asyncio
 import json
@@ -98,6 +99,8 @@ async def test_the_typescript_example_runs_a_turn_end_to_end(
             name: "approved",
             stage: "rejected",
         }
+        assert steps["diff query"]["status"] == "approved"
+        assert steps["diff query"]["workflow_id"] == "turn:alice:ts1"
         assert steps["bad input"]["type"] == "InvalidInput"
         assert "colour" in steps["bad input"]["message"]
 

@@ -12,6 +12,8 @@ export const TURN_WORKFLOW = 'TurnWorkflow';
 export const REPLY_UPDATE = 'reply';
 /** The Update that decides one diff and returns what became of it. */
 export const DECIDE_UPDATE = 'decide';
+/** One of the turn's diffs, by id: its status, outcome and preview. */
+export const DIFF_QUERY = 'diff';
 /** Fire-and-forget decisions, accepted while no worker runs. */
 export const APPROVE_SIGNAL = 'approve';
 export const REJECT_SIGNAL = 'reject';
@@ -38,6 +40,8 @@ export interface TurnInput {
   max_steps?: number;
   /** Optional: a shorter approval wait than the worker's `turn.approval_ttl_s` (never longer). */
   approval_ttl_s?: number;
+  /** Optional, for a user's first turn: the agent profile the user keeps. */
+  profile?: string;
 }
 
 export type DiffStatus =
@@ -92,6 +96,21 @@ export interface DecisionOutcome {
   label: string | null;
   decided_by: string | null;
   decided_at: string | null;
+  /** The human decision that settled it; null for an expired or superseded diff. */
+  decision: 'approve' | 'reject' | null;
+}
+
+/** schemas/DiffView.json: what the `diff` query answers for one of the turn's diffs. */
+export interface DiffView {
+  diff_id: string;
+  user_id: string;
+  turn_id: string;
+  workflow_id: string;
+  label: string;
+  summary: string;
+  status: DiffStatus;
+  outcome: DecisionOutcome | null;
+  preview_markdown: string;
 }
 
 /** schemas/TurnOutcome.json: the workflow's result. */

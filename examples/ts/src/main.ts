@@ -6,7 +6,7 @@
  *   2. approve the first proposed diff by signal (fire-and-forget)
  *   3. a late `decide` on that same diff: refused with DiffAlreadyDecided, naming the winner
  *   4. reject the second diff by the `decide` Update (returns the outcome)
- *   5. the workflow's result: what became of every diff
+ *   5. the workflow's result: what became of every diff, and the `diff` query for one
  *   6. a bad input: refused with InvalidInput, naming the field
  *
  * Configuration (environment): TEMPORAL_ADDRESS (default localhost:7233), TEMPORAL_NAMESPACE
@@ -25,8 +25,10 @@ import {
 import {
   APPROVE_SIGNAL,
   DECIDE_UPDATE,
+  DIFF_QUERY,
   DecisionOutcome,
   DiffDecision,
+  DiffView,
   ErrorType,
   REPLY_UPDATE,
   SignalledDecision,
@@ -136,6 +138,11 @@ async function main(): Promise<void> {
     check(statuses[first.id] === 'approved' && statuses[second.id] === 'rejected', 'outcomes');
     const committed = outcome.decisions.find((d) => d.diff_id === first.id);
     check(Boolean(committed?.commit_sha), 'the approval names its commit');
+
+    // A diff, by id, from its turn: a query still answers after the turn has ended.
+    const view = await handle.query<DiffView, [string]>(DIFF_QUERY, first.id);
+    report('diff query', view);
+    check(view.outcome?.decision === 'approve', 'the diff query names the decision');
 
     // 6. A bad input is refused by the workflow itself, naming the field.
     const bad = { user_id: userId, turn_id: `${turnId}-bad`, message: '', colour: 'red' };
