@@ -70,6 +70,15 @@ def block_spec(profile: AgentProfile, label: str) -> BlockSpec:
     return spec
 
 
+def missing_blocks(tx: BlockTransaction, profile: AgentProfile) -> dict[str, str]:
+    """The profile's blocks the repository lacks, with their default values (label -> TOML)."""
+    return {
+        spec.label: to_toml(spec, default_fields(spec))
+        for spec in profile.blocks
+        if tx.read(spec.label) is None
+    }
+
+
 class BlockAccess:
     def __init__(
         self, profiles: ProfileCatalog, git: BlockRepository, archive: TaskArchive | None = None

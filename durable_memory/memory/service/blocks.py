@@ -2,7 +2,6 @@
 
 from dataclasses import dataclass
 
-from durable_memory.memory.core.blocks import default_fields
 from durable_memory.memory.core.errors import (
     DurableMemoryError,
     OperationNotApplicable,
@@ -11,7 +10,7 @@ from durable_memory.memory.core.errors import (
 from durable_memory.memory.core.formats import render_prompt, to_markdown, to_toml
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.core.profiles import ProfileCatalog, profile_record
-from durable_memory.memory.service.access import Block, BlockAccess
+from durable_memory.memory.service.access import Block, BlockAccess, missing_blocks
 from durable_memory.memory.store.git import format_message
 from durable_memory.models.blocks import AgentProfile, BlockKind, BlockSpec
 from durable_memory.models.history import SYSTEM_AUTHOR, CommitInfo
@@ -76,11 +75,7 @@ class Blocks:
                     f"change it: change it with `dmem profile set {user_id} {profile}` "
                     "(MemoryClient.set_profile), which checks that their blocks fit"
                 )
-            missing = {
-                spec.label: to_toml(spec, default_fields(spec))
-                for spec in chosen.blocks
-                if tx.read(spec.label) is None
-            }
+            missing = missing_blocks(tx, chosen)
             if not missing and recorded is not None and tx.head is not None:
                 return tx.head
             if tx.head is None:

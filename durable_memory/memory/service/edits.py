@@ -4,12 +4,11 @@ user's profile. The model never comes here: its edits are proposals (review.py).
 
 from collections.abc import Mapping
 
-from durable_memory.memory.core.blocks import default_fields
 from durable_memory.memory.core.errors import DurableMemoryError, ProfileError
-from durable_memory.memory.core.formats import from_markdown, from_toml, to_toml
+from durable_memory.memory.core.formats import from_markdown, from_toml
 from durable_memory.memory.core.operations import describe
 from durable_memory.memory.core.profiles import profile_record
-from durable_memory.memory.service.access import BlockAccess
+from durable_memory.memory.service.access import BlockAccess, missing_blocks
 from durable_memory.memory.store.git import format_message, validate_author_name
 from durable_memory.models.history import Author
 from durable_memory.models.operations import (
@@ -79,11 +78,7 @@ class DirectEdits:
                     f"{', '.join(b.label for b in profile.blocks)}): {'; '.join(unfit)}; "
                     "nothing was changed"
                 )
-            missing = {
-                spec.label: to_toml(spec, default_fields(spec))
-                for spec in profile.blocks
-                if tx.read(spec.label) is None
-            }
+            missing = missing_blocks(tx, profile)
             message = format_message(f"Set profile {name}", trailers={"Profile": name})
             return tx.commit(missing, message, author, profile=profile_record(name))
 
