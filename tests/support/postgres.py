@@ -13,9 +13,12 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from sqlalchemy import create_engine
 
 
 def find_pg_bin() -> Path | None:
@@ -111,3 +114,14 @@ def running_postgres(bin_dir: Path) -> Iterator[str]:
         server.terminate()
         server.wait(timeout=30)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def fresh_schema_url(url: str) -> str:
+    """`url` with a new, empty schema first on its search path: one schema per test keeps
+    PostgreSQL tests as isolated as a fresh SQLite file."""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(url)
+    with admin.begin() as conn:
+        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    admin.dispose()
+    return f"{url}?options=-csearch_path%3D{schema}"

@@ -1,0 +1,291 @@
+"""The shared archive on PostgreSQL: full text by tsvector + GIN, vectors searched exactly.
+
+For deployments whose workers run on several hosts: they share `memory.database_url`, and the
+archive lives there too (`memory.archive: postgres`). One table holds every user's passages;
+every query names the user, and a passage's key is (user, id), so an id that two users share
+stays two passages and neither sees or deletes the other's.
+
+Vectors are float32 bytes, scored exactly in Python over the user's filtered rows (as the
+embedded store does, one matrix-vector product); pgvector is not used yet. BM25 is replaced by
+ts_rank over the `simple` text configuration; both legs meet in the same
+relative_score_fusion as the other backends.
+"""
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.engine import make_url
+
+from durable_memory.memory.archive.embedders import Embedder, Vector
+from durable_memory.memory.archive.protocol import (
+    ArchiveError,
+    check_passage,
+    chunk_ids,
+    missing_chunks,
+    relative_score_fusion,
+)
+from durable_memory.memory.archive.sqlite import LEG_LIMIT
+from durable_memory.memory.core.ids import validate_user_id
+from durable_memory.memory.store.recall import fts_terms
+from durable_memory.memory.store.sql import (
+    POSTGRES_TEXT_CONFIG,
+    create_sql_engine,
+    postgres_text_index,
+    utc,
+)
+from durable_memory.models.archive import (
+    ArchiveSearch,
+    NewPassage,
+    Passage,
+    PassageHit,
+    PassageSource,
+    TagMatch,
+)
+
+_TABLES = [
+    "CREATE TABLE IF NOT EXISTS archive_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS archive_passages (
+        seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        user_id TEXT NOT NULL,
+        id TEXT NOT NULL,
+        text TEXT NOT NULL,
+        tags TEXT[] NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL,
+        source TEXT NOT NULL,
+        label TEXT,
+        commit_sha TEXT,
+        chunk INTEGER NOT NULL,
+        vector BYTEA NOT NULL,
+        UNIQUE (user_id, id)
+    )""",
+    "CREATE INDEX IF NOT EXISTS archive_passages_user_time "
+    "ON archive_passages (user_id, created_at)",
+    postgres_text_index("archive_passages_fts", "archive_passages", "text"),
+]
+_SCHEMA_LOCK = "durable_memory.archive.schema"
+"""Serialises the schema's creation: concurrent CREATE ... IF NOT EXISTS can still collide."""
+
+_COLUMNS = "seq, id, user_id, text, tags, created_at, source, label, commit_sha, chunk"
+_TEXT_VECTOR = f"to_tsvector('{POSTGRES_TEXT_CONFIG}', text)"  # as the GIN index is built
+
+
+def is_postgres_url(url: str) -> bool:
+    return make_url(url).get_backend_name() == "postgresql"
+
+
+def _passage(row: Any) -> Passage:
+    return Passage(
+        id=row.id,
+        user_id=row.user_id,
+        text=row.text,
+        tags=tuple(row.tags),
+        source=PassageSource(row.source),
+        label=row.label,
+        commit_sha=row.commit_sha,
+        chunk=row.chunk,
+        created_at=row.created_at.astimezone(UTC),
+    )
+
+
+def _filter_sql(request: ArchiveSearch) -> tuple[str, dict[str, object]]:
+    """The request's filters as ` AND ...` clauses over archive_passages, and their values."""
+    clauses: list[str] = []
+    params: dict[str, object] = {}
+    if request.start is not None:
+        clauses.append("created_at >= :start")
+        params["start"] = utc(request.start)
+    if request.end is not None:
+        clauses.append("created_at < :end")
+        params["end"] = utc(request.end)
+    if request.tags:
+        # && : shares a tag with the request; @> : holds all of the request's tags.
+        operator = "&&" if request.tag_match is TagMatch.ANY else "@>"
+        clauses.append(f"tags {operator} CAST(:tags AS TEXT[])")
+        params["tags"] = list(request.tags)
+    return "".join(f" AND {c}" for c in clauses), params
+
+
+class PostgresArchive:
+    """ArchiveStore on a PostgreSQL database (a SQLAlchemy URL)."""
+
+    def __init__(self, database_url: str, embedder: Embedder) -> None:
+        if not is_postgres_url(database_url):
+            raise ArchiveError("the PostgreSQL archive needs a postgresql:// database URL")
+        self.embedder = embedder
+        self.engine: Engine = create_sql_engine(database_url)
+        with self.engine.begin() as conn:
+            conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:k))"), {"k": _SCHEMA_LOCK})
+            for ddl in _TABLES:
+                conn.execute(text(ddl))
+            self._check_embedder(conn)
+
+    def _check_embedder(self, conn: Connection) -> None:
+        wanted = {"embedder": self.embedder.name, "dim": str(self.embedder.dim)}
+        conn.execute(
+            text(
+                "INSERT INTO archive_meta (key, value) VALUES (:key, :value) ON CONFLICT DO NOTHING"
+            ),
+            [{"key": k, "value": v} for k, v in wanted.items()],
+        )
+        meta = {r.key: r.value for r in conn.execute(text("SELECT key, value FROM archive_meta"))}
+        if (meta.get("embedder"), meta.get("dim")) != (wanted["embedder"], wanted["dim"]):
+            raise ArchiveError(
+                f"the PostgreSQL archive was built with embedder {meta.get('embedder')} "
+                f"(dimension {meta.get('dim')}); opening it with {self.embedder.name} "
+                f"(dimension {self.embedder.dim}) would mix incompatible vectors. Use the "
+                "same embedder, or another database and re-import"
+            )
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def insert(self, passage: NewPassage, *, chunk: bool = False) -> list[str]:
+        chunks = check_passage(passage, chunk=chunk)
+        ids = chunk_ids(passage, chunks)
+        with self.engine.begin() as conn:
+            known = set(
+                conn.execute(
+                    text(
+                        "SELECT id FROM archive_passages WHERE user_id = :user AND id = ANY(:ids)"
+                    ),
+                    {"user": passage.user_id, "ids": ids},
+                ).scalars()
+            )
+        todo = missing_chunks(ids, chunks, known)
+        if not todo:
+            return ids
+        vectors = self.embedder.embed_passages([chunk_text for _, _, chunk_text in todo])
+        created = utc(passage.created_at or datetime.now(UTC))
+        rows = [
+            {
+                "id": pid,
+                "user_id": passage.user_id,
+                "text": chunk_text,
+                "tags": list(passage.tags),
+                "created_at": created,
+                "source": passage.source.value,
+                "label": passage.label,
+                "commit_sha": passage.commit_sha,
+                "chunk": index,
+                "vector": vectors[n].astype(np.float32).tobytes(),
+            }
+            for n, (index, pid, chunk_text) in enumerate(todo)
+        ]
+        with self.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO archive_passages (id, user_id, text, tags, created_at, source, "
+                    "label, commit_sha, chunk, vector) VALUES (:id, :user_id, :text, "
+                    "CAST(:tags AS TEXT[]), :created_at, :source, :label, :commit_sha, :chunk, "
+                    ":vector) ON CONFLICT (user_id, id) DO NOTHING"
+                ),
+                rows,
+            )
+        return ids
+
+    def delete(self, user_id: str, ids: list[str]) -> int:
+        validate_user_id(user_id)
+        if not ids:
+            return 0
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                text("DELETE FROM archive_passages WHERE user_id = :user AND id = ANY(:ids)"),
+                {"user": user_id, "ids": ids},
+            )
+            return int(result.rowcount)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def count(self, user_id: str) -> int:
+        validate_user_id(user_id)
+        with self.engine.begin() as conn:
+            query = text("SELECT count(*) FROM archive_passages WHERE user_id = :user")
+            return int(conn.execute(query, {"user": user_id}).scalar_one())
+
+    def page(self, user_id: str, *, limit: int = 50, offset: int = 0) -> list[Passage]:
+        validate_user_id(user_id)
+        if not 1 <= limit <= 1000 or offset < 0:
+            raise ArchiveError("limit must be 1-1000 and offset not negative")
+        return self._newest(user_id, "", {}, limit, offset)
+
+    def _newest(
+        self, user_id: str, where: str, params: dict[str, object], limit: int, offset: int = 0
+    ) -> list[Passage]:
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                text(
+                    f"SELECT {_COLUMNS} FROM archive_passages WHERE user_id = :user{where} "
+                    "ORDER BY created_at DESC, seq DESC LIMIT :limit OFFSET :offset"
+                ),
+                {"user": user_id, **params, "limit": limit, "offset": offset},
+            )
+            return [_passage(r) for r in rows]
+
+    def search(self, user_id: str, request: ArchiveSearch) -> list[PassageHit]:
+        validate_user_id(user_id)
+        terms = fts_terms(request.query)  # refuses an over-long query before any work
+        if request.start and request.end and request.start >= request.end:
+            raise ArchiveError("start must be before end")
+        where, params = _filter_sql(request)
+        if not terms:
+            newest = self._newest(user_id, where, params, request.top_k)
+            return [PassageHit(passage=p, score=0.0) for p in newest]
+        scope = {"user": user_id, **params, "limit": LEG_LIMIT}
+        # Embedded before a connection is taken: the model's few ms need no database.
+        query = self.embedder.embed_query(request.query) if request.alpha > 0.0 else None
+        with self.engine.begin() as conn:
+            keyword = self._keyword_leg(conn, terms, where, scope) if request.alpha < 1.0 else {}
+            vector = {} if query is None else self._vector_leg(conn, query, where, scope)
+            fused = relative_score_fusion(vector, keyword, request.alpha)
+            ranked = sorted(fused.items(), key=lambda kv: (-kv[1], -int(kv[0])))[: request.top_k]
+            if not ranked:
+                return []
+            found = {
+                str(r.seq): r
+                for r in conn.execute(
+                    text(
+                        f"SELECT {_COLUMNS} FROM archive_passages "
+                        "WHERE user_id = :user AND seq = ANY(:seqs)"
+                    ),
+                    {"user": user_id, "seqs": [int(k) for k, _ in ranked]},
+                )
+            }
+        return [PassageHit(passage=_passage(found[k]), score=s) for k, s in ranked if k in found]
+
+    @staticmethod
+    def _keyword_leg(
+        conn: Connection, terms: Sequence[str], where: str, scope: dict[str, object]
+    ) -> dict[str, float]:
+        """ts_rank of the user's rows matching any of `terms` (each taken as a plain word)."""
+        words = {f"w{i}": term for i, term in enumerate(terms)}
+        any_word = " || ".join(f"plainto_tsquery('{POSTGRES_TEXT_CONFIG}', :{w})" for w in words)
+        rows = conn.execute(
+            text(
+                f"SELECT seq, ts_rank({_TEXT_VECTOR}, q) FROM archive_passages, "
+                f"(SELECT {any_word} AS q) AS query "
+                f"WHERE user_id = :user AND {_TEXT_VECTOR} @@ q{where} "
+                "ORDER BY 2 DESC, seq DESC LIMIT :limit"
+            ),
+            {**scope, **words},
+        )
+        return {str(seq): float(rank) for seq, rank in rows}
+
+    def _vector_leg(
+        self, conn: Connection, query: Vector, where: str, scope: dict[str, object]
+    ) -> dict[str, float]:
+        """Cosine (a dot product: the vectors are unit length) over the user's filtered rows."""
+        rows = conn.execute(
+            text(f"SELECT seq, vector FROM archive_passages WHERE user_id = :user{where}"), scope
+        ).all()
+        if not rows:
+            return {}
+        matrix = np.frombuffer(b"".join(bytes(r.vector) for r in rows), dtype=np.float32)
+        sims = matrix.reshape(len(rows), self.embedder.dim) @ query
+        top = min(LEG_LIMIT, len(rows))
+        best = np.argpartition(-sims, top - 1)[:top]
+        return {str(rows[i].seq): float(sims[i]) for i in best}
