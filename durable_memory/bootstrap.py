@@ -9,11 +9,12 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from durable_memory.config import Settings
+from durable_memory.config import Settings, postgres_archive_url
 from durable_memory.memory.agent.context import ContextSources, Summarizer
 from durable_memory.memory.agent.steps import ChatModel, TurnSteps, turn_context
 from durable_memory.memory.agent.tools import MemoryTools
 from durable_memory.memory.archive.embedders import Embedder, default_embedder
+from durable_memory.memory.archive.postgres import PostgresArchive
 from durable_memory.memory.archive.protocol import ArchiveError, ArchiveStore
 from durable_memory.memory.archive.sqlite import SqliteArchive
 from durable_memory.memory.core.profiles import ProfileCatalog
@@ -83,14 +84,20 @@ def memory_faces(
     return MemoryFaces(Blocks(access), DirectEdits(access), Review(access, diffs), History(access))
 
 
-def open_archive(data_dir: Path, backend: str, embedder: Embedder) -> ArchiveStore:
+def open_archive(
+    data_dir: Path, backend: str, embedder: Embedder, database_url: str | None = None
+) -> ArchiveStore:
     if backend == "embedded":
         return SqliteArchive(data_dir / "archive.db", embedder)
+    if backend == "postgres":
+        return PostgresArchive(postgres_archive_url(database_url), embedder)
     if backend == "weaviate":
         from durable_memory.memory.archive.weaviate import WeaviateArchive, connect
 
         return WeaviateArchive(connect(), embedder)
-    raise ArchiveError(f"unknown archive backend {backend!r}; use 'embedded' or 'weaviate'")
+    raise ArchiveError(
+        f"unknown archive backend {backend!r}; use 'embedded', 'postgres' or 'weaviate'"
+    )
 
 
 def open_stack(
@@ -104,8 +111,9 @@ def open_stack(
 ) -> MemoryStack:
     root = Path(data_dir).resolve()  # no store path may depend on the current directory
     root.mkdir(parents=True, exist_ok=True)
+    # The archive first: a backend refused for its settings leaves no memory.db behind.
+    archive = open_archive(root, archive_backend, embedder or default_embedder(), database_url)
     engine = make_engine(database_url or f"sqlite:///{root.resolve() / 'memory.db'}")
-    archive = open_archive(root, archive_backend, embedder or default_embedder())
     profiles = ProfileCatalog(profile)  # `profile`: the default, beside the bundled ones
     git = GitBlockStore(root)
     recall = RecallStore(engine)

