@@ -1,5 +1,5 @@
-"""The archival memory interface; backends live in memory/archive/sqlite.py and
-memory/archive/weaviate.py."""
+"""The archival memory interface; backends live in memory/archive/sqlite.py,
+memory/archive/postgres.py and memory/archive/weaviate.py."""
 
 import unicodedata
 import uuid
