@@ -141,6 +141,17 @@ def test_time_range_filter(archive: ArchiveStore) -> None:
         archive.search("alice", ArchiveSearch(query="x", start=T0, end=T0))
 
 
+@pytest.mark.parametrize("query", ['"robots" OR (essay) AND NOT x* : -_', "_", "!!! & | <->"])
+def test_search_operators_typed_by_a_user_are_plain_text(archive: ArchiveStore, query: str) -> None:
+    _fill(archive)
+    for alpha in (0.0, 0.5):
+        hits = archive.search("alice", ArchiveSearch(query=query, alpha=alpha, top_k=10))
+        assert all(h.passage.user_id == "alice" for h in hits)
+    if "robots" in query:
+        keyword = archive.search("alice", ArchiveSearch(query=query, alpha=0.0, top_k=10))
+        assert {h.passage.text[:5] for h in keyword} >= {"Alice"}
+
+
 def test_empty_query_lists_newest_first(archive: ArchiveStore) -> None:
     _fill(archive)
     hits = archive.search("alice", ArchiveSearch(query="", top_k=3))

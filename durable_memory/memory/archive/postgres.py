@@ -110,11 +110,17 @@ class PostgresArchive:
     def __init__(self, database_url: str, embedder: Embedder) -> None:
         self.embedder = embedder
         self.engine: Engine = create_sql_engine(database_url)
-        with self.engine.begin() as conn:
-            conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:k))"), {"k": _SCHEMA_LOCK})
-            for ddl in _TABLES:
-                conn.execute(text(ddl))
-            self._check_embedder(conn)
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    text("SELECT pg_advisory_xact_lock(hashtext(:k))"), {"k": _SCHEMA_LOCK}
+                )
+                for ddl in _TABLES:
+                    conn.execute(text(ddl))
+                self._check_embedder(conn)
+        except BaseException:
+            self.engine.dispose()  # a refused archive keeps no connections open
+            raise
 
     def _check_embedder(self, conn: Connection) -> None:
         wanted = {"embedder": self.embedder.name, "dim": str(self.embedder.dim)}
