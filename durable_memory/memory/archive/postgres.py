@@ -238,7 +238,7 @@ class PostgresArchive:
             newest = self._newest(user_id, where, params, request.top_k)
             return [PassageHit(passage=p, score=0.0) for p in newest]
         scope = {"user": user_id, **params, "limit": LEG_LIMIT}
-        # Embedded before a connection is taken: the model's few ms need no database.
+        # Embedded before a connection is taken: the embedder's few ms need no database.
         query = self.embedder.embed_query(request.query) if request.alpha > 0.0 else None
         with self.engine.begin() as conn:
             keyword = self._keyword_leg(conn, terms, where, scope) if request.alpha < 1.0 else {}
