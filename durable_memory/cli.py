@@ -373,6 +373,25 @@ def cmd_demo(args: argparse.Namespace) -> None:
     run_demo(data_dir=args.data_dir, as_json=args.json, live=args.live, keep=args.keep)
 
 
+def cmd_git_serve(args: argparse.Namespace) -> None:
+    from durable_memory.gitserver.pre_receive import hook_script
+    from durable_memory.gitserver.server import ServeSettings, read_token, serve
+
+    token = read_token(Path(args.token_file) if args.token_file else None)
+    if token is None and not args.no_auth:
+        raise DurableMemoryError(
+            "no token: set DMEM_GIT_TOKEN or --token-file (or --no-auth, loopback only)"
+        )
+    hook = hook_script(sys.executable, args.profile or "default") if args.pre_receive_hook else None
+    settings = ServeSettings(
+        root=Path(args.dir).resolve(),
+        token=None if args.no_auth else token,
+        max_body_bytes=args.max_body_bytes,
+        pre_receive_hook=hook,
+    )
+    serve(settings, args.host, args.port)
+
+
 def _common_options(*, before_command: bool) -> argparse.ArgumentParser:
     """The options every command takes, accepted before the command and after it (where each
     command's --help shows them). After it they default to SUPPRESS, so an option given
@@ -446,6 +465,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("scripted-model", cmd_scripted_model, "serve a model script as a Messages API")
     p.add_argument("script")
     p.add_argument("--port", type=int, default=0)
+    p = add("git-serve", cmd_git_serve, "serve DIR/<user>.git over smart HTTP (token auth)")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8418)
+    p.add_argument("--token-file", help="the token's file (default: $DMEM_GIT_TOKEN)")
+    p.add_argument("--no-auth", action="store_true", help="serve without a token (loopback)")
+    p.add_argument("--max-body-bytes", type=int, default=256 << 20)
+    p.add_argument(
+        "--pre-receive-hook", action="store_true", help="refuse pushes that break block files"
+    )
     p = add("init", cmd_init, "create a user's memory repository")
     p.add_argument("user")
     p.add_argument("profile_name", nargs="?", metavar="PROFILE", help="default: --profile")

@@ -19,7 +19,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # dotted name (below durable_memory.) listed here.
     ("models", "faults", "profiles", "scripts"),  # plain data; crash points; bundled files
     ("memory",),  # the domain: synchronous, no Temporal (see DOMAIN below)
-    ("config", "scripted_model"),  # settings (ConfigError is a domain error); the offline model
+    # settings (ConfigError is a domain error); the offline model; `dmem git-serve`
+    ("config", "scripted_model", "gitserver"),
     ("bootstrap",),  # the composition root: the memory stack built from settings
     ("activities",),  # thin @activity.defn adapters over the stack bootstrap built
     ("workflows",),  # deterministic orchestration, calling activities

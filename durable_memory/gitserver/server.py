@@ -1,0 +1,324 @@
+"""`dmem git-serve DIR`: bare repositories `DIR/<user>.git` over smart HTTP, at `/<user>.git`.
+
+A thin HTTP front over `git http-backend` (CGI), which does the git protocol. This front does
+what the backend leaves to a web server: every request carries the token (a bearer token or
+the password of HTTP basic auth, compared in constant time) or gets 401; the user id in the path
+is validated before any path is built, and only the smart protocol's three endpoints are served
+(no dumb HTTP file access); a missing repository is created, atomically, on the first push;
+request bodies are bounded (413); the backend's stderr is logged and a backend that hangs is
+killed after a timeout (504).
+"""
+
+import base64
+import hmac
+import logging
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from io import BufferedIOBase
+from pathlib import Path
+from typing import IO
+from urllib.parse import unquote
+
+from durable_memory.memory.core.errors import DurableMemoryError
+from durable_memory.memory.store.bare_repos import (
+    ensure_bare_repository,
+    existing_bare_repository,
+    install_hook,
+)
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "DMEM_GIT_TOKEN"
+DEFAULT_MAX_BODY_BYTES = 256 << 20
+DEFAULT_CGI_TIMEOUT_SECONDS = 300.0
+DRAIN_BYTES = 8 << 20
+_ROUTE = re.compile(r"/([^/]+)\.git/(info/refs|git-upload-pack|git-receive-pack)")
+_SERVICES = ("git-upload-pack", "git-receive-pack")
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+def http_backend() -> str:
+    """Debian's git ships the CGI program in git's exec path."""
+    exec_path = subprocess.run(
+        ["git", "--exec-path"], check=True, capture_output=True, text=True, timeout=30
+    ).stdout.strip()
+    return str(Path(exec_path) / "git-http-backend")
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    root: Path
+    token: str | None
+    """None only when auth is off explicitly (`--no-auth`, loopback)."""
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    cgi_timeout_seconds: float = DEFAULT_CGI_TIMEOUT_SECONDS
+    pre_receive_hook: str | None = None
+    """The hook script each repository gets (pre_receive.hook_script), or None."""
+
+
+def authorized(header: str | None, token: str) -> bool:
+    """Whether an Authorization header carries `token`: `Bearer <token>`, or basic auth whose
+    password is the token (any user name: git asks for one)."""
+    if header is None:
+        return False
+    scheme, _, value = header.strip().partition(" ")
+    if scheme.lower() == "bearer":
+        offered = value.strip().encode()
+    elif scheme.lower() == "basic":
+        try:
+            offered = base64.b64decode(value.strip(), validate=True).partition(b":")[2]
+        except ValueError:
+            return False
+    else:
+        return False
+    return hmac.compare_digest(offered, token.encode())
+
+
+def _read_body(rfile: BufferedIOBase, headers: dict[str, str], limit: int, into: IO[bytes]) -> int:
+    """Copy the request body (Content-Length or chunked) into `into` and return its size;
+    BodyTooLarge past `limit`. A body at most DRAIN_BYTES over the limit is read to its end and
+    dropped, so that the client reads the 413 instead of a broken pipe; past that, reading
+    stops and the connection is closed."""
+    total = 0
+
+    def take(size: int) -> None:
+        nonlocal total
+        if size < 0:  # a negative length would lower the count and defeat the bound
+            raise ValueError(f"negative body length {size}")
+        total += size
+        if total > limit + DRAIN_BYTES:
+            raise BodyTooLarge
+        while size > 0:
+            piece = rfile.read(min(size, 1 << 16))
+            if not piece:
+                raise ValueError("the request body ended early")
+            size -= len(piece)
+            if total <= limit:
+                into.write(piece)
+
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        while size := int(rfile.readline(1024).split(b";")[0].strip() or b"0", 16):
+            take(size)
+            rfile.readline(8)  # the CRLF after the chunk
+        while rfile.readline(1024).strip():  # trailers, up to the blank line
+            pass
+    else:
+        take(int(headers.get("content-length") or 0))
+    if total > limit:
+        raise BodyTooLarge
+    return total
+
+
+class _Handler(BaseHTTPRequestHandler):
+    settings: ServeSettings
+    backend: str
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        log.info("%s %s", self.address_string(), format % args)
+
+    def do_GET(self) -> None:
+        self._serve()
+
+    def do_POST(self) -> None:
+        self._serve()
+
+    def _refuse(self, status: HTTPStatus, message: str, **headers: str) -> None:
+        body = f"{message}\n".encode()
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+
+    def _serve(self) -> None:
+        settings = self.settings
+        if settings.token is not None and not authorized(
+            self.headers.get("Authorization"), settings.token
+        ):
+            self._refuse(
+                HTTPStatus.UNAUTHORIZED,
+                "a token is required",
+                **{"WWW-Authenticate": 'Basic realm="dmem git"'},
+            )
+            return
+        path, _, query = self.path.partition("?")
+        route = _ROUTE.fullmatch(unquote(path))
+        if route is None:
+            self._refuse(HTTPStatus.NOT_FOUND, "not a repository endpoint")
+            return
+        user_id, endpoint = route.groups()
+        service = query.removeprefix("service=") if endpoint == "info/refs" else endpoint
+        if service not in _SERVICES:
+            self._refuse(HTTPStatus.FORBIDDEN, "only the smart protocol is served")
+            return
+        try:
+            if service == "git-receive-pack":
+                ensure_bare_repository(
+                    settings.root, user_id, pre_receive_hook=settings.pre_receive_hook
+                )
+            elif existing_bare_repository(settings.root, user_id) is None:
+                self._refuse(HTTPStatus.NOT_FOUND, f"no repository for user '{user_id}'")
+                return
+        except DurableMemoryError as error:
+            log.warning("refused %s: %s", self.path[:200], error)
+            self._refuse(HTTPStatus.NOT_FOUND, str(error))
+            return
+        # The path the backend sees is rebuilt from the validated parts, not passed through.
+        self._run_backend(f"/{user_id}.git/{endpoint}", query)
+
+    def _run_backend(self, path: str, query: str) -> None:
+        settings = self.settings
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        with tempfile.TemporaryFile() as body:
+            try:
+                length = _read_body(self.rfile, headers, settings.max_body_bytes, body)
+            except BodyTooLarge:
+                self._refuse(
+                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                    f"request body over {settings.max_body_bytes} bytes",
+                )
+                return
+            except ValueError:  # a chunk size or Content-Length that is not a number
+                self._refuse(HTTPStatus.BAD_REQUEST, "malformed request body framing")
+                return
+            body.seek(0)
+            env = {
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "GIT_PROJECT_ROOT": str(settings.root),
+                "GIT_HTTP_EXPORT_ALL": "1",
+                "GATEWAY_INTERFACE": "CGI/1.1",
+                "REQUEST_METHOD": self.command,
+                "PATH_INFO": path,
+                "QUERY_STRING": query,
+                "CONTENT_TYPE": headers.get("content-type", ""),
+                "CONTENT_LENGTH": str(length),
+                "REMOTE_ADDR": self.client_address[0],
+                # Authenticated (or auth explicitly off): http-backend allows pushes only then.
+                "REMOTE_USER": "dmem",
+            }
+            if "content-encoding" in headers:
+                env["HTTP_CONTENT_ENCODING"] = headers["content-encoding"]
+            if "git-protocol" in headers:
+                env["GIT_PROTOCOL"] = headers["git-protocol"]
+            # Its own process group: a timeout kills the backend's children (receive-pack, the
+            # hook) with it, where killing the backend alone would leave them running.
+            process = subprocess.Popen(
+                [self.backend],
+                stdin=body,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,
+            )
+            try:
+                out, err = process.communicate(timeout=settings.cgi_timeout_seconds)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
+                log.error(
+                    "git http-backend %s killed after %ss", path, settings.cgi_timeout_seconds
+                )
+                self._refuse(HTTPStatus.GATEWAY_TIMEOUT, "git http-backend timed out")
+                return
+        if err:
+            log.warning("git http-backend %s: %s", path, err.decode("utf-8", "replace").strip())
+        self._relay(out)
+
+    def _relay(self, out: bytes) -> None:
+        head, _, payload = out.partition(b"\r\n\r\n")
+        if not _:
+            head, _, payload = out.partition(b"\n\n")
+        status = HTTPStatus.OK.value
+        reason = "OK"
+        cgi_headers: list[tuple[str, str]] = []
+        for line in head.decode("latin-1").splitlines():
+            name, _, value = line.partition(":")
+            if name.lower() == "status":
+                code, _, reason = value.strip().partition(" ")
+                status = int(code)
+            else:
+                cgi_headers.append((name.strip(), value.strip()))
+        self.send_response(status, reason or None)
+        for name, value in cgi_headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+class GitServer:
+    """The server on a thread (tests, `dmem git-serve`): `start()`, `url`, `stop()`."""
+
+    def __init__(self, settings: ServeSettings, host: str = "127.0.0.1", port: int = 0) -> None:
+        if settings.token is None and host not in ("127.0.0.1", "::1", "localhost"):
+            raise DurableMemoryError("refusing to serve without a token on a non-loopback host")
+        settings.root.mkdir(parents=True, exist_ok=True)
+        if settings.pre_receive_hook is not None:
+            for repository in sorted(settings.root.glob("*.git")):
+                try:
+                    if existing_bare_repository(settings.root, repository.name[:-4]):
+                        install_hook(repository, "pre-receive", settings.pre_receive_hook)
+                except DurableMemoryError as error:
+                    log.warning("skipping %s: %s", repository.name, error)
+        handler = type("Handler", (_Handler,), {"settings": settings, "backend": http_backend()})
+        self._httpd = ThreadingHTTPServer((host, port), handler)
+        self._httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> "GitServer":
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def read_token(token_file: Path | None) -> str | None:
+    """The token from `token_file` (its first line) or the DMEM_GIT_TOKEN environment variable."""
+    if token_file is not None:
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as error:
+            raise DurableMemoryError(f"cannot read the token file {token_file}: {error}") from None
+    else:
+        token = os.environ.get(TOKEN_ENV, "").strip()
+    return token or None
+
+
+def serve(settings: ServeSettings, host: str, port: int) -> None:
+    """`dmem git-serve`: serve until interrupted."""
+    if settings.token is None and host not in ("127.0.0.1", "::1", "localhost"):
+        raise DurableMemoryError("--no-auth is allowed on loopback only")
+    server = GitServer(settings, host, port).start()
+    auth = "token required" if settings.token else "NO AUTH (loopback)"
+    print(f"git server for {settings.root} on {server.url}/<user>.git ({auth}); Ctrl-C stops")
+    try:
+        threading.Event().wait()
+    finally:
+        server.stop()

@@ -1,0 +1,98 @@
+"""Bare repositories shared by many workers: `<shared dir>/<user>.git`, on a shared filesystem
+(a `file://` git remote) or behind `dmem git-serve`.
+
+A missing repository is made the way the local store makes a working one: `git init --bare` in
+a directory beside it, configured, then renamed into place, so no reader or pusher ever sees a
+half-made repository and of two creators racing the loser's rename fails and it uses the
+winner's. Every repository refuses non-fast-forward pushes and ref deletions: a refused push is
+the compare-and-set a worker relies on (another writer won; fetch and retry).
+"""
+
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+from durable_memory.memory.core.errors import DurableMemoryError, UnsafeFile
+from durable_memory.memory.core.ids import validate_user_id
+from durable_memory.memory.store.safe_files import kind_of
+
+BARE_SETTINGS = (
+    ("receive.denyNonFastForwards", "true"),
+    ("receive.denyDeletes", "true"),
+)
+"""What makes a push a compare-and-set: history on the remote is only ever extended."""
+
+
+def bare_repository_path(shared_dir: Path, user_id: str) -> Path:
+    """Where user `user_id`'s bare repository lives; the id is validated before the path is
+    built, so no id can name anything but a direct child of `shared_dir`."""
+    return shared_dir / f"{validate_user_id(user_id)}.git"
+
+
+def existing_bare_repository(shared_dir: Path, user_id: str) -> Path | None:
+    """The user's bare repository if it exists; None if absent. A path that is there but is a
+    symbolic link, a file or a directory that is not a bare repository is UnsafeFile."""
+    path = bare_repository_path(shared_dir, user_id)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISDIR(mode):
+        raise UnsafeFile(f"{path} is {kind_of(mode)}, not a bare repository: refused")
+    head = path / "HEAD"
+    try:
+        head_mode = os.lstat(head).st_mode
+    except FileNotFoundError:
+        head_mode = 0
+    if not stat.S_ISREG(head_mode) or not (path / "objects").is_dir():
+        raise UnsafeFile(f"{path} is a directory but not a bare git repository: refused")
+    return path
+
+
+def install_hook(repository: Path, name: str, script: str) -> None:
+    """Write hook `name` (executable) into a bare repository, atomically."""
+    hooks = repository / "hooks"
+    hooks.mkdir(exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=f".{name}-", dir=hooks)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(script)
+        os.chmod(temporary, 0o755)
+        os.replace(temporary, hooks / name)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _git(*args: str) -> None:
+    subprocess.run(["git", *args], check=True, capture_output=True, timeout=60)
+
+
+def ensure_bare_repository(
+    shared_dir: Path, user_id: str, *, pre_receive_hook: str | None = None
+) -> Path:
+    """The user's bare repository, made (atomically, configured, with the pre-receive hook
+    script if one is given) when it is missing. Safe to call from many processes at once."""
+    found = existing_bare_repository(shared_dir, user_id)
+    if found is not None:
+        return found
+    path = bare_repository_path(shared_dir, user_id)
+    shared_dir.mkdir(parents=True, exist_ok=True)
+    fresh = Path(tempfile.mkdtemp(prefix=f".init-{path.name}-", dir=shared_dir))
+    try:
+        _git("init", "--quiet", "--bare", "--initial-branch=main", str(fresh))
+        for key, value in BARE_SETTINGS:
+            _git("--git-dir", str(fresh), "config", key, value)
+        if pre_receive_hook is not None:
+            install_hook(fresh, "pre-receive", pre_receive_hook)
+        try:
+            os.rename(fresh, path)
+        except OSError:  # another creator won the race (or something else is in the way)
+            if existing_bare_repository(shared_dir, user_id) is None:
+                raise DurableMemoryError(f"cannot create the bare repository {path}") from None
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
+    return path
