@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from durable_memory.cli import main
 from durable_memory.gitserver.pre_receive import hook_script
 from durable_memory.gitserver.server import GitServer, ServeSettings
 from durable_memory.memory.core.errors import DurableMemoryError, InvalidIdentifier
@@ -214,19 +215,44 @@ def test_the_shared_directory_helper_creates_once_under_a_race(tmp_path: Path) -
     assert sorted(p.name for p in shared.iterdir()) == ["dave.git", "file.git"]
 
 
-BAD_BLOCK = {"profile.toml": 'name = "default"\n', "blocks/human.toml": "name = [unclosed\n"}
+PROFILE_RECORD = {"profile.toml": 'name = "default"\n'}
+GOOD_NOTES = {**PROFILE_RECORD, "blocks/notes.toml": 'value = "likes tea"\n'}
 
 
-def test_the_pre_receive_hook_refuses_a_bad_block_file(root: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("files", "problem"),
+    [
+        ({**PROFILE_RECORD, "blocks/notes.toml": "value = [unclosed\n"}, "not valid TOML"),
+        ({**PROFILE_RECORD, "blocks/notes.toml": "colour = 3\n"}, "blocks/notes.toml"),
+        ({**PROFILE_RECORD, "blocks/shopping.toml": 'value = "x"\n'}, "not a block of profile"),
+        ({"profile.toml": 'name = "nope"\n'}, "unknown profile"),
+    ],
+)
+def test_the_pre_receive_hook_refuses_a_bad_block_file(
+    root: Path, tmp_path: Path, files: dict[str, str], problem: str
+) -> None:
     hook = hook_script(sys.executable, "default")
     for server in serve(root, token=TOKEN, pre_receive_hook=hook):
-        bad = work_repo(tmp_path / "bad", BAD_BLOCK)
+        bad = work_repo(tmp_path / "bad", files)
         refused = git("push", remote(server, "erin"), "main", cwd=bad, check=False)
         assert refused.returncode != 0
-        assert "blocks/human.toml: not valid TOML" in refused.stderr
+        assert "dmem pre-receive: refused" in refused.stderr
+        assert problem in refused.stderr
         assert git("ls-remote", remote(server, "erin")).stdout == ""
-        good = work_repo(tmp_path / "good", {"profile.toml": 'name = "default"\n', "x.md": "hi\n"})
+        good = work_repo(tmp_path / "good", GOOD_NOTES)
         git("push", remote(server, "erin"), "main", cwd=good)
+
+
+def test_the_pre_receive_hook_refuses_a_symlinked_block(root: Path, tmp_path: Path) -> None:
+    hook = hook_script(sys.executable, "default")
+    for server in serve(root, token=TOKEN, pre_receive_hook=hook):
+        work = work_repo(tmp_path / "w", GOOD_NOTES)
+        (work / "blocks" / "human.toml").symlink_to("/etc/passwd")
+        git("add", "-A", cwd=work)
+        git("commit", "-qm", "link", cwd=work)
+        refused = git("push", remote(server, "hal"), "main", cwd=work, check=False)
+        assert "blocks/human.toml: not a regular file" in refused.stderr
+        assert git("ls-remote", remote(server, "hal")).stdout == ""
 
 
 def test_a_request_too_large_is_refused(root: Path, tmp_path: Path) -> None:
@@ -255,3 +281,14 @@ def test_a_hanging_backend_is_killed(root: Path, tmp_path: Path) -> None:
         assert refused.returncode != 0
         assert "504" in refused.stderr, refused.stderr
         assert git("ls-remote", remote(server, "gina")).stdout == ""
+
+
+def test_dmem_git_serve_refuses_to_start_without_a_token(
+    root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("DMEM_GIT_TOKEN", raising=False)
+    assert main(["git-serve", str(root)]) != 0
+    assert "no token" in capsys.readouterr().err
+    assert main(["git-serve", str(root), "--no-auth", "--host", "0.0.0.0"]) != 0
+    assert "loopback" in capsys.readouterr().err
+    assert not root.exists()
