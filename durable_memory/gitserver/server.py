@@ -9,8 +9,6 @@ request bodies are bounded (413); the backend's stderr is logged and a backend t
 killed after a timeout (504).
 """
 
-import base64
-import hmac
 import logging
 import os
 import re
@@ -21,11 +19,10 @@ import threading
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from io import BufferedIOBase
 from pathlib import Path
-from typing import IO
 from urllib.parse import unquote
 
+from durable_memory.gitserver.requests import BodyTooLarge, authorized, read_body
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.store.bare_repos import (
     ensure_bare_repository,
@@ -38,13 +35,8 @@ log = logging.getLogger(__name__)
 TOKEN_ENV = "DMEM_GIT_TOKEN"
 DEFAULT_MAX_BODY_BYTES = 256 << 20
 DEFAULT_CGI_TIMEOUT_SECONDS = 300.0
-DRAIN_BYTES = 8 << 20
 _ROUTE = re.compile(r"/([^/]+)\.git/(info/refs|git-upload-pack|git-receive-pack)")
 _SERVICES = ("git-upload-pack", "git-receive-pack")
-
-
-class BodyTooLarge(Exception):
-    pass
 
 
 def http_backend() -> str:
@@ -64,59 +56,6 @@ class ServeSettings:
     cgi_timeout_seconds: float = DEFAULT_CGI_TIMEOUT_SECONDS
     pre_receive_hook: str | None = None
     """The hook script each repository gets (pre_receive.hook_script), or None."""
-
-
-def authorized(header: str | None, token: str) -> bool:
-    """Whether an Authorization header carries `token`: `Bearer <token>`, or basic auth whose
-    password is the token (any user name: git asks for one)."""
-    if header is None:
-        return False
-    scheme, _, value = header.strip().partition(" ")
-    if scheme.lower() == "bearer":
-        offered = value.strip().encode()
-    elif scheme.lower() == "basic":
-        try:
-            offered = base64.b64decode(value.strip(), validate=True).partition(b":")[2]
-        except ValueError:
-            return False
-    else:
-        return False
-    return hmac.compare_digest(offered, token.encode())
-
-
-def _read_body(rfile: BufferedIOBase, headers: dict[str, str], limit: int, into: IO[bytes]) -> int:
-    """Copy the request body (Content-Length or chunked) into `into` and return its size;
-    BodyTooLarge past `limit`. A body at most DRAIN_BYTES over the limit is read to its end and
-    dropped, so that the client reads the 413 instead of a broken pipe; past that, reading
-    stops and the connection is closed."""
-    total = 0
-
-    def take(size: int) -> None:
-        nonlocal total
-        if size < 0:  # a negative length would lower the count and defeat the bound
-            raise ValueError(f"negative body length {size}")
-        total += size
-        if total > limit + DRAIN_BYTES:
-            raise BodyTooLarge
-        while size > 0:
-            piece = rfile.read(min(size, 1 << 16))
-            if not piece:
-                raise ValueError("the request body ended early")
-            size -= len(piece)
-            if total <= limit:
-                into.write(piece)
-
-    if headers.get("transfer-encoding", "").lower() == "chunked":
-        while size := int(rfile.readline(1024).split(b";")[0].strip() or b"0", 16):
-            take(size)
-            rfile.readline(8)  # the CRLF after the chunk
-        while rfile.readline(1024).strip():  # trailers, up to the blank line
-            pass
-    else:
-        take(int(headers.get("content-length") or 0))
-    if total > limit:
-        raise BodyTooLarge
-    return total
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -186,7 +125,7 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {name.lower(): value for name, value in self.headers.items()}
         with tempfile.TemporaryFile() as body:
             try:
-                length = _read_body(self.rfile, headers, settings.max_body_bytes, body)
+                length = read_body(self.rfile, headers, settings.max_body_bytes, body)
             except BodyTooLarge:
                 self._refuse(
                     HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
@@ -240,9 +179,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._relay(out)
 
     def _relay(self, out: bytes) -> None:
-        head, _, payload = out.partition(b"\r\n\r\n")
-        if not _:
-            head, _, payload = out.partition(b"\n\n")
+        separator = b"\r\n\r\n" if b"\r\n\r\n" in out else b"\n\n"  # CGI allows either
+        head, _, payload = out.partition(separator)
         status = HTTPStatus.OK.value
         reason = "OK"
         cgi_headers: list[tuple[str, str]] = []
@@ -313,8 +251,6 @@ def read_token(token_file: Path | None) -> str | None:
 
 def serve(settings: ServeSettings, host: str, port: int) -> None:
     """`dmem git-serve`: serve until interrupted."""
-    if settings.token is None and host not in ("127.0.0.1", "::1", "localhost"):
-        raise DurableMemoryError("--no-auth is allowed on loopback only")
     server = GitServer(settings, host, port).start()
     auth = "token required" if settings.token else "NO AUTH (loopback)"
     print(f"git server for {settings.root} on {server.url}/<user>.git ({auth}); Ctrl-C stops")
