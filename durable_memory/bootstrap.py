@@ -35,6 +35,7 @@ from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.rotation_state import RotationStateStore
 from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.memory.store.turns import TurnStore
+from durable_memory.memory.store.users import UserDirectory
 from durable_memory.models.blocks import AgentProfile
 from durable_memory.models.context import CompiledContext
 
@@ -76,11 +77,12 @@ def memory_faces(
     profiles: ProfileCatalog,
     git: BlockRepository,
     diffs: DiffStore,
+    users: UserDirectory,
     archive: TaskArchive | None = None,
 ) -> MemoryFaces:
     """The four faces of one store, sharing one BlockAccess; each user's blocks follow the
     user's own profile from `profiles`."""
-    access = BlockAccess(profiles, git, archive)
+    access = BlockAccess(profiles, git, users, archive)
     return MemoryFaces(Blocks(access), DirectEdits(access), Review(access, diffs), History(access))
 
 
@@ -117,7 +119,9 @@ def open_stack(
     profiles = ProfileCatalog(profile)  # `profile`: the default, beside the bundled ones
     git = GitBlockStore(root)
     recall = RecallStore(engine)
-    faces = memory_faces(profiles, git, DiffStore(engine), ArchiveTaskSink(archive))
+    faces = memory_faces(
+        profiles, git, DiffStore(engine), UserDirectory(engine), ArchiveTaskSink(archive)
+    )
     return MemoryStack(
         **faces.faces(),
         recall=recall,

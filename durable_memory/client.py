@@ -16,6 +16,7 @@ and its refusals read is a job of its own, in decision_delivery.py.
 
 import asyncio
 import gc
+import logging
 import uuid
 from datetime import timedelta
 from types import TracebackType
@@ -86,6 +87,8 @@ from durable_memory.workflows.turn_boundary import (
     TURN_WORKFLOW,
     already_decided,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DecisionBusy",
@@ -391,9 +394,7 @@ class MemoryClient:
         handles = [
             await self.client.start_workflow(
                 RotationWorkflow.run,
-                RotationInput(
-                    user_id=user_id, label=name, force=force, activities=self.settings.activities
-                ),
+                RotationInput(user_id=user_id, label=name, force=force),
                 id=rotation_workflow_id(user_id, name),
                 task_queue=self.settings.temporal.task_queue,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
@@ -404,11 +405,18 @@ class MemoryClient:
         return [await handle.result() for handle in handles]
 
     async def ensure_rotation_schedule(self) -> str:
-        """Create (or update) the Temporal Schedule that sweeps for blocks over threshold."""
+        """Create the Temporal Schedule that sweeps for blocks over threshold, once.
+
+        Idempotent and safe when workers start together: a schedule that exists with the
+        configured interval, workflow and task queue is left as it is (not rewritten: its
+        update time stays); one that differs (the interval was changed in
+        temporal.yaml) is updated to the configuration, and that is logged. Of two workers
+        creating it at once, one creates it and the other finds it.
+        """
         rotation = self.settings.rotation
         action = ScheduleActionStartWorkflow(
             RotationSweepWorkflow.run,
-            SweepInput(activities=self.settings.activities),
+            SweepInput(),
             id=f"{rotation.schedule_id}-run",
             task_queue=self.settings.temporal.task_queue,
         )
@@ -418,10 +426,37 @@ class MemoryClient:
         schedule = Schedule(action=action, spec=spec)
         try:
             await self.client.create_schedule(rotation.schedule_id, schedule)
+            log.info("created the rotation schedule %s", rotation.schedule_id)
+            return rotation.schedule_id
         except ScheduleAlreadyRunningError:
+            pass
 
-            def update(_: ScheduleUpdateInput) -> ScheduleUpdate:
-                return ScheduleUpdate(schedule=schedule)
+        def update(current: ScheduleUpdateInput) -> ScheduleUpdate | None:
+            # Decided on the description the update itself reads, just before writing.
+            if _same_schedule(current.description.schedule, schedule):
+                return None
+            log.warning(
+                "rotation schedule %s differs from the configuration (every %ss on %s); "
+                "updating it",
+                rotation.schedule_id,
+                rotation.interval_s,
+                self.settings.temporal.task_queue,
+            )
+            return ScheduleUpdate(schedule=schedule)
 
-            await self.client.get_schedule_handle(rotation.schedule_id).update(update)
+        await self.client.get_schedule_handle(rotation.schedule_id).update(update)
         return rotation.schedule_id
+
+
+def _same_schedule(existing: Schedule, wanted: Schedule) -> bool:
+    """Whether the schedule already runs the wanted sweep at the wanted interval (what the
+    configuration decides; the sweep's input carries nothing the worker does not decide)."""
+    have, want = existing.action, wanted.action
+    return (
+        isinstance(have, ScheduleActionStartWorkflow)
+        and isinstance(want, ScheduleActionStartWorkflow)
+        and have.workflow == want.workflow
+        and have.task_queue == want.task_queue
+        and have.id == want.id
+        and [i.every for i in existing.spec.intervals] == [i.every for i in wanted.spec.intervals]
+    )

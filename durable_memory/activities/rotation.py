@@ -2,6 +2,8 @@
 the plan's time; each step re-derives the plan from them, and each step is idempotent
 (see memory/rotation/steps.py)."""
 
+import logging
+
 from temporalio import activity
 
 from durable_memory.activities.errors import classified_errors
@@ -15,6 +17,8 @@ from durable_memory.models.turn import (
     RotationInput,
     RotationTicket,
 )
+
+log = logging.getLogger(__name__)
 
 
 class RotationActivities:
@@ -63,10 +67,17 @@ class RotationActivities:
 
     @activity.defn(name="dmem.rotation_candidates")
     def rotation_candidates(self) -> list[RotationCandidate]:
-        """Every user's blocks over their threshold (the adaptive strategy learns from it)."""
+        """Every user's blocks over their threshold (the adaptive strategy learns from it).
+
+        The users are the database's list, not this worker's disk. A listed user whose
+        repository is not on this worker's disk (made on another host) is skipped and logged:
+        without a shared git remote, only the worker that holds it can check it."""
         with classified_errors():
             found = []
             for user_id in self.stack.blocks.users():
+                if not self.stack.git.exists(user_id):
+                    log.warning("rotation sweep: no repository for %s on this worker", user_id)
+                    continue
                 for spec in self.stack.blocks.profile(user_id).blocks:
                     if self.stack.rotator.check(user_id, spec.label).should_rotate:
                         found.append(RotationCandidate(user_id=user_id, label=spec.label))

@@ -384,7 +384,11 @@ class RotationInput(BaseModel):
     user_id: str
     label: str
     force: bool = False
-    activities: ActivitiesSettings = ActivitiesSettings()
+    activities: ActivitiesSettings | None = Field(
+        default=None,
+        description="Deprecated and ignored: the worker's `activities` settings apply. "
+        "Read only by rotations started before that (patch `worker-rotation-settings`).",
+    )
 
 
 class RotationTicket(BaseModel):
@@ -426,7 +430,11 @@ class RotationOutcome(BaseModel):
 class SweepInput(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    activities: ActivitiesSettings = ActivitiesSettings()
+    activities: ActivitiesSettings | None = Field(
+        default=None,
+        description="Deprecated and ignored: the worker's `activities` settings apply. "
+        "Read only by sweeps started before that (patch `worker-rotation-settings`).",
+    )
 
 
 class RotationCandidate(BaseModel):

@@ -54,9 +54,12 @@ async def _serve(client: Client, settings: Settings, model: ChatModel) -> None:
     await require_search_attributes(client, settings.temporal.namespace)
     memory = MemoryClient(client, settings, stack_from_settings(settings))
     try:
+        # Users of a deployment from before the database listed them (store/users.py).
+        local_users = memory.stack.blocks.register_local_users()
         schedule = await memory.ensure_rotation_schedule()
     finally:
         memory.close()
+    print(f"{local_users} user(s) on this worker's disk registered", file=sys.stderr)
     print(
         f"rotation schedule {schedule}: every {settings.rotation.interval_s:.0f}s", file=sys.stderr
     )

@@ -3,10 +3,13 @@
 from datetime import timedelta
 from typing import Any
 
+from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 
 from durable_memory.activities.errors import final_error_types
+from durable_memory.activities.turn import TurnActivities
 from durable_memory.models.activity_settings import ActivitySettings
+from durable_memory.models.turn import WorkerTurnSettings
 
 USER_ID = SearchAttributeKey.for_keyword("DmemUserId")
 TURN_STATUS = SearchAttributeKey.for_keyword("DmemTurnStatus")
@@ -35,3 +38,21 @@ def activity_options(settings: ActivitySettings) -> dict[str, Any]:
             non_retryable_error_types=final_error_types(),
         ),
     }
+
+
+WORKER_SETTINGS_TIMEOUT = timedelta(seconds=10)
+WORKER_SETTINGS_RETRY = RetryPolicy(maximum_attempts=3)
+"""The options of the step that fetches the worker's settings, so fixed here: it only reads
+the worker's configuration in memory; a worker that cannot answer in 10 s three times is
+broken, and the workflow fails naming `dmem.turn_settings`."""
+
+
+async def worker_settings(summary: str) -> WorkerTurnSettings:
+    """The deployment's settings, from the worker that runs this step (the local activity
+    `dmem.turn_settings`): recorded in the history, so replay sees the same."""
+    return await workflow.execute_local_activity_method(
+        TurnActivities.turn_settings,
+        summary=summary,
+        start_to_close_timeout=WORKER_SETTINGS_TIMEOUT,
+        retry_policy=WORKER_SETTINGS_RETRY,
+    )

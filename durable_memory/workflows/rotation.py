@@ -2,6 +2,10 @@
 
 One rotation per block at a time: the workflow id is `rotation-<user>-<label>`, and starting
 one while another runs is refused by Temporal (WorkflowAlreadyStarted), not by a lock.
+
+The activities' timeouts and retries are the worker's configuration (patch
+`worker-rotation-settings`), as a turn's are; a rotation or sweep started before it runs on
+with the options its input carried.
 """
 
 from temporalio import workflow
@@ -9,6 +13,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
     from durable_memory.activities.rotation import RotationActivities
+    from durable_memory.models.activity_settings import ActivitiesSettings
     from durable_memory.models.turn import (
         RotationCommit,
         RotationInput,
@@ -16,16 +21,28 @@ with workflow.unsafe.imports_passed_through():
         SweepInput,
         rotation_workflow_id,
     )
-    from durable_memory.workflows.common import activity_options
+    from durable_memory.workflows.common import activity_options, worker_settings
+
+WORKER_ROTATION_SETTINGS = "worker-rotation-settings"
+"""Patch: a rotation's and a sweep's activity options are the worker's configuration, read by
+the local activity `dmem.turn_settings`, not what the starter put in the input."""
+
+
+async def _activities(carried: ActivitiesSettings | None) -> ActivitiesSettings:
+    """The activity options this rotation or sweep runs with (see the patch)."""
+    if workflow.patched(WORKER_ROTATION_SETTINGS):
+        return (await worker_settings("the deployment's activity settings")).activities
+    return carried or ActivitiesSettings()
 
 
 @workflow.defn
 class RotationWorkflow:
     @workflow.run
     async def run(self, request: RotationInput) -> RotationOutcome:
-        memory = activity_options(request.activities.memory)
-        archive = activity_options(request.activities.archive)
-        commit = activity_options(request.activities.commit)
+        activities = await _activities(request.activities)
+        memory = activity_options(activities.memory)
+        archive = activity_options(activities.archive)
+        commit = activity_options(activities.commit)
         ticket = await workflow.execute_activity_method(
             RotationActivities.plan_rotation, request, summary="plan the rotation", **memory
         )
@@ -78,13 +95,15 @@ class RotationSweepWorkflow:
 
     @workflow.run
     async def run(self, sweep: SweepInput) -> int:
+        activities = await _activities(sweep.activities)
         candidates = await workflow.execute_activity_method(
             RotationActivities.rotation_candidates,
             summary="find blocks over their rotation threshold",
-            **activity_options(sweep.activities.archive),
+            **activity_options(activities.archive),
         )
         started = 0
         for candidate in candidates:
+            # The rotation reads its own worker's settings; an old sweep passes what it had.
             request = RotationInput(
                 user_id=candidate.user_id, label=candidate.label, activities=sweep.activities
             )

@@ -30,7 +30,7 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from temporalio import workflow
-from temporalio.common import RawValue, RetryPolicy, SearchAttributeUpdate
+from temporalio.common import RawValue, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
@@ -67,6 +67,7 @@ with workflow.unsafe.imports_passed_through():
         TURN_STATUS,
         USER_ID,
         activity_options,
+        worker_settings,
     )
     from durable_memory.workflows.decision_queue import DecisionQueue, QueuedDecision
     from durable_memory.workflows.rotation import start_rotation
@@ -97,12 +98,6 @@ WORKER_TURN_SETTINGS = "worker-turn-settings"
 """Patch: the turn's step limit, approval TTL and activity options are the worker's
 configuration (the `dmem.turn_settings` local activity), lowered where the caller asked. A
 turn started before it runs on with what its input carried (or the defaults it had then)."""
-
-TURN_SETTINGS_TIMEOUT = timedelta(seconds=10)
-TURN_SETTINGS_RETRY = RetryPolicy(maximum_attempts=3)
-"""The options of the step that fetches the turn's settings, so fixed here: it only reads
-the worker's configuration in memory; a worker that cannot answer in 10 s three times is
-broken, and the turn fails naming `dmem.turn_settings`."""
 
 RECENT_REJECTIONS = 10
 
@@ -216,12 +211,7 @@ class TurnWorkflow:
     async def _turn_settings(self, turn: TurnInput) -> WorkerTurnSettings:
         """The settings this turn runs with, fixed for its whole run (see the patch)."""
         if workflow.patched(WORKER_TURN_SETTINGS):
-            worker = await workflow.execute_local_activity_method(
-                TurnActivities.turn_settings,
-                summary="the deployment's turn settings",
-                start_to_close_timeout=TURN_SETTINGS_TIMEOUT,
-                retry_policy=TURN_SETTINGS_RETRY,
-            )
+            worker = await worker_settings("the deployment's turn settings")
             self._settings = turn.settings_under(worker)
         else:
             self._settings = turn.legacy_settings()

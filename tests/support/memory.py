@@ -15,6 +15,7 @@ from durable_memory.memory.store.diffs import DiffStore
 from durable_memory.memory.store.git import GitBlockStore
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.summaries import SummaryStore
+from durable_memory.memory.store.users import UserDirectory
 from durable_memory.models.blocks import AgentProfile
 
 
@@ -34,7 +35,9 @@ class MemoryRig(MemoryFaces):
         recall: RecallStore,
         archive: TaskArchive | None = None,
     ) -> "MemoryRig":
-        faces = memory_faces(ProfileCatalog(profile), git, diffs, archive)
+        faces = memory_faces(
+            ProfileCatalog(profile), git, diffs, UserDirectory(diffs.engine), archive
+        )
         return cls(
             **faces.faces(),
             profile=profile,

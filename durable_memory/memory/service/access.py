@@ -30,6 +30,7 @@ from durable_memory.memory.store.git import (
     format_message,
     validate_author_name,
 )
+from durable_memory.memory.store.users import UserDirectory
 from durable_memory.models.blocks import AgentProfile, BlockFields, BlockSpec
 from durable_memory.models.history import Author
 from durable_memory.models.operations import EditOperation
@@ -81,10 +82,15 @@ def missing_blocks(tx: BlockTransaction, profile: AgentProfile) -> dict[str, str
 
 class BlockAccess:
     def __init__(
-        self, profiles: ProfileCatalog, git: BlockRepository, archive: TaskArchive | None = None
+        self,
+        profiles: ProfileCatalog,
+        git: BlockRepository,
+        users: UserDirectory,
+        archive: TaskArchive | None = None,
     ) -> None:
         self.profiles = profiles
         self.git = git
+        self.users = users
         self.archive = archive
 
     def recorded_profile(self, tx: BlockTransaction) -> str | None:

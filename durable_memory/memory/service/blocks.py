@@ -49,8 +49,16 @@ class Blocks:
         return self._access.spec(user_id, label)
 
     def users(self) -> list[str]:
-        """Every user who has a memory repository."""
-        return self._access.git.users()
+        """Every user who has memory, on whichever host: the shared database's list (see
+        store/users.py), not this host's disk."""
+        return self._access.users.users()
+
+    def register_local_users(self) -> int:
+        """Register the users whose repositories are on this host's disk (a deployment from
+        before the list; idempotent); returns how many were found."""
+        found = self._access.git.users()
+        self._access.users.register(found)
+        return len(found)
 
     def ensure_user(self, user_id: str, profile: str | None = None) -> str:
         """Create the user's repository with every block of their profile at its default, and
@@ -62,9 +70,14 @@ class Blocks:
         before profiles were recorded (it keeps the default it was made with).
         """
         validate_user_id(user_id)
-        profiles = self._access.profiles
         if profile is not None:
-            profiles.get(profile)  # an unknown name is refused before anything is created
+            self._access.profiles.get(profile)  # an unknown name is refused before anything
+        head = self._ensure_repository(user_id, profile)
+        self._access.users.register([user_id])  # after the repository exists
+        return head
+
+    def _ensure_repository(self, user_id: str, profile: str | None) -> str:
+        profiles = self._access.profiles
         with self._access.git.transaction(user_id, create=True) as tx:
             recorded = self._access.recorded_profile(tx)
             name = recorded or (profile if tx.head is None and profile else profiles.default_name)

@@ -10,6 +10,7 @@ from durable_memory.memory.store import (  # noqa: F401
     rotation_state,
     summaries,
     turns,
+    users,
 )
 from durable_memory.memory.store.sql import create_sql_engine, raw_sqlite
 
