@@ -13,6 +13,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from durable_memory.workers.worker import WORKFLOWS
+from durable_memory.workflows.rotation import WORKER_ROTATION_SETTINGS
 from durable_memory.workflows.turn import (
     ANSWER_BEFORE_ROTATION_CHECK,
     OPERATOR_SEARCH_ATTRIBUTES,
@@ -39,6 +40,7 @@ def test_there_are_histories_to_replay() -> None:
         "turn_approve_reject_expire_before_worker_settings.json",
         "turn_approve_reject_expire_unpatched.json",
         "rotation.json",
+        "rotation_before_worker_settings.json",
     }
     here = HISTORIES[0].parent
     assert _patches(here / "turn_approve_reject_expire.json") == {
@@ -50,6 +52,8 @@ def test_there_are_histories_to_replay() -> None:
         ANSWER_BEFORE_ROTATION_CHECK
     }
     assert _patches(here / "turn_approve_reject_expire_unpatched.json") == set()
+    assert _patches(here / "rotation.json") == {WORKER_ROTATION_SETTINGS}
+    assert _patches(here / "rotation_before_worker_settings.json") == set()
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
