@@ -27,10 +27,11 @@ with that message.
 import json
 import threading
 from collections.abc import Callable, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
+from durable_memory.loopback_server import ThreadedHTTPServer
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.core.tokens import count_tokens
 
@@ -56,7 +57,7 @@ def _error_body(kind: str, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-class ScriptedModelServer:
+class ScriptedModelServer(ThreadedHTTPServer):
     """Run with `with ScriptedModelServer(script) as server:`; `server.url` is the base URL."""
 
     def __init__(
@@ -75,13 +76,7 @@ class ScriptedModelServer:
         self._next = 0
         self._tool_ids = 0
         self.requests: list[dict[str, Any]] = []
-        self._httpd = ThreadingHTTPServer((host, port), self._handler())
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
+        super().__init__(host, port, self._handler())
 
     @property
     def remaining(self) -> int:
@@ -90,25 +85,6 @@ class ScriptedModelServer:
     def extend(self, entries: Sequence[dict[str, Any]]) -> None:
         with self._lock:
             self._script.extend(entries)
-
-    def start(self) -> "ScriptedModelServer":
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join()
-
-    def __enter__(self) -> "ScriptedModelServer":
-        return self.start()
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
 
     def _answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
         problem = self._check_request(body)

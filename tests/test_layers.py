@@ -17,7 +17,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # Bottom first. A module may import its own part and any part of a lower layer; parts that
     # share a layer are independent of each other. A module's part is the longest prefix of its
     # dotted name (below durable_memory.) listed here.
-    ("models", "faults", "profiles", "scripts"),  # plain data; crash points; bundled files
+    ("models", "faults", "profiles", "scripts", "loopback_server"),  # plain data; crash
+    # points; bundled files; the background HTTP server of our own local servers
     ("memory",),  # the domain: synchronous, no Temporal (see DOMAIN below)
     # settings (ConfigError is a domain error); the offline model; `dmem git-serve`
     ("config", "scripted_model", "gitserver"),

@@ -18,11 +18,12 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import unquote
 
 from durable_memory.gitserver.requests import BodyTooLarge, authorized, read_body
+from durable_memory.loopback_server import ThreadedHTTPServer
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.store.bare_repos import (
     ensure_bare_repository,
@@ -199,7 +200,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
 
-class GitServer:
+class GitServer(ThreadedHTTPServer):
     """The server on a thread (tests, `dmem git-serve`): `start()`, `url`, `stop()`."""
 
     def __init__(self, settings: ServeSettings, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -214,27 +215,8 @@ class GitServer:
                 except DurableMemoryError as error:
                     log.warning("skipping %s: %s", repository.name, error)
         handler = type("Handler", (_Handler,), {"settings": settings, "backend": http_backend()})
-        self._httpd = ThreadingHTTPServer((host, port), handler)
+        super().__init__(host, port, handler)
         self._httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
-
-    def start(self) -> "GitServer":
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join()
 
 
 def read_token(token_file: Path | None) -> str | None:
