@@ -17,6 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.cli import build_parser, main
 from durable_memory.client import TurnFailed
+from durable_memory.config import Settings
 from durable_memory.memory.agent.llm import AnthropicModel, ModelCallError
 from tests.support.temporal_helpers import rig_settings, running_rig
 from tests.test_model_adapter import HELLO, SETTINGS
@@ -126,6 +127,20 @@ def test_user_errors_are_one_line_and_exit_2(
     assert message in err
 
 
+def _cli_on(
+    temporal_env: WorkflowEnvironment, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> list[str]:
+    """Point `dmem` at the test's Temporal server and task queue, nothing from the caller's
+    environment; returns the options naming the rig's data dir and profile."""
+    for key in ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv(
+        "DMEM_TEMPORAL_ADDRESS", temporal_env.client.service_client.config.target_host
+    )
+    monkeypatch.setenv("DMEM_TASK_QUEUE", settings.temporal.task_queue)
+    return ["--data-dir", str(settings.memory.data_dir), "--profile", "essay_coach"]
+
+
 async def test_chat_approve_reject_rotate_through_temporal(
     temporal_env: WorkflowEnvironment,
     tmp_path: Path,
@@ -162,13 +177,7 @@ async def test_chat_approve_reject_rotate_through_temporal(
         {"text": "Noted both."},
     ]
     settings = rig_settings(tmp_path / "data")
-    for key in ENV_KEYS:
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv(
-        "DMEM_TEMPORAL_ADDRESS", temporal_env.client.service_client.config.target_host
-    )
-    monkeypatch.setenv("DMEM_TASK_QUEUE", settings.temporal.task_queue)
-    base = ["--data-dir", str(settings.memory.data_dir), "--profile", "essay_coach"]
+    base = _cli_on(temporal_env, settings, monkeypatch)
 
     async def dmem(*args: str) -> tuple[int, str, str]:
         code = await asyncio.to_thread(main, [*base, *args])
@@ -275,13 +284,7 @@ async def test_an_exhausted_model_script_fails_the_turn_saying_so(
     """The scripted model answers a request past its last reply with an API error naming the
     reply asked for and the script's length; the turn fails with it and the CLI prints it."""
     settings = rig_settings(tmp_path / "data")
-    for key in ENV_KEYS:
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv(
-        "DMEM_TEMPORAL_ADDRESS", temporal_env.client.service_client.config.target_host
-    )
-    monkeypatch.setenv("DMEM_TASK_QUEUE", settings.temporal.task_queue)
-    base = ["--data-dir", str(settings.memory.data_dir), "--profile", "essay_coach"]
+    base = _cli_on(temporal_env, settings, monkeypatch)
     exhausted = "the script is exhausted: reply 2 was asked for, but the script has only 1 reply"
     async with running_rig(temporal_env.client, settings, [{"text": "Hello."}]) as rig:
         assert await asyncio.to_thread(main, [*base, "chat", "alice", "hi"]) == 0

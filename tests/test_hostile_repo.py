@@ -22,20 +22,12 @@ from durable_memory.bootstrap import MemoryStack, open_stack
 from durable_memory.cli import main
 from durable_memory.memory.core.errors import DurableMemoryError, UnsafeFile
 from durable_memory.models.history import Author, AuthorKind
+from tests.support.git_checks import git_output
 from tests.support.snapshots import snapshot
 from tests.support.temporal_helpers import rig_settings, running_rig, turn_outcome
 
 ALICE = Author(name="alice", kind=AuthorKind.USER)
 SECRET = "Bob-the-secret"
-
-
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.name=x", "-c", "user.email=x@y", *args],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
 
 
 @contextlib.contextmanager
@@ -238,9 +230,9 @@ def test_a_user_directory_leading_elsewhere_is_refused(
 
 def _commit_entry(repo: Path, path: str, mode: str, sha: str) -> None:
     """Commit `path` as the given tree entry with plain git, as a person could."""
-    _git(repo, "update-index", "--force-remove", path)
-    _git(repo, "update-index", "--add", "--cacheinfo", f"{mode},{sha},{path}")
-    _git(repo, "commit", "-q", "-m", "by hand")
+    git_output(repo, "update-index", "--force-remove", path)
+    git_output(repo, "update-index", "--add", "--cacheinfo", f"{mode},{sha},{path}")
+    git_output(repo, "commit", "-q", "-m", "by hand")
 
 
 def _blob(repo: Path, data: bytes) -> str:
@@ -257,7 +249,7 @@ def _blob(repo: Path, data: bytes) -> str:
 
 
 def _committed_blocks_symlink(repo: Path) -> None:
-    _git(repo, "rm", "-rq", "--cached", "blocks")
+    git_output(repo, "rm", "-rq", "--cached", "blocks")
     _commit_entry(repo, "blocks", "120000", _blob(repo, b"/etc"))
 
 
@@ -271,7 +263,7 @@ COMMITTED: dict[str, tuple[Callable[[Path], None], str, str]] = {
     ),
     "submodule": (
         lambda repo: _commit_entry(
-            repo, "blocks/student.toml", "160000", _git(repo, "rev-parse", "HEAD").strip()
+            repo, "blocks/student.toml", "160000", git_output(repo, "rev-parse", "HEAD").strip()
         ),
         "blocks/student.toml",
         "is a submodule",
@@ -298,7 +290,7 @@ def test_symlinks_submodules_and_bad_bytes_committed_in_the_tree_are_refused(
     make, path, why = COMMITTED[case]
     repo = stack.git.repo_path("alice")
     make(repo)
-    head = _git(repo, "rev-parse", "HEAD").strip()
+    head = git_output(repo, "rev-parse", "HEAD").strip()
     before = snapshot(stack)
     message = f"users/alice/{path} at {head[:12]} {why}"
     for call in (
@@ -339,8 +331,8 @@ def test_unknown_files_in_blocks_are_reported_not_ignored(
     assert snapshot(stack) == before
 
     repo = blocks.parent
-    _git(repo, "add", "blocks/notes.txt")
-    _git(repo, "commit", "-q", "-m", "notes by hand")
+    git_output(repo, "add", "blocks/notes.txt")
+    git_output(repo, "commit", "-q", "-m", "notes by hand")
     (blocks / "student.toml").write_text('name = "Alice"\n', encoding="utf-8")
     fresh = open_stack(stack.git.data_dir, profile="essay_coach")  # nothing cached
     with caplog.at_level("WARNING", logger="durable_memory.memory.store.git"):
@@ -382,7 +374,7 @@ async def test_a_turn_on_a_hostile_repository_fails_cleanly_and_the_next_succeed
         assert rig.model_server.requests == []
         assert snapshot(rig.stack) == before
 
-        good = _git(repo, "rev-parse", "HEAD~1:blocks/student.toml").strip()
+        good = git_output(repo, "rev-parse", "HEAD~1:blocks/student.toml").strip()
         _commit_entry(repo, "blocks/student.toml", "100644", good)  # the repository fixed
         reply = await rig.client.send_message("alice", "hi", turn_id="h2")
         assert reply.reply == "Hello again."

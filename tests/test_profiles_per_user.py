@@ -6,7 +6,6 @@ one error and changes nothing. Two users with different profiles share one worke
 
 import asyncio
 import json
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from durable_memory.client import TurnFailed
 from durable_memory.memory.core.errors import DurableMemoryError, HandEditPending, ProfileError
 from durable_memory.memory.core.profiles import BUNDLED_PROFILES, load_profile
 from durable_memory.models.history import Author, AuthorKind
+from tests.support.git_checks import git_output
 from tests.support.snapshots import snapshot
 from tests.support.temporal_helpers import rig_settings, running_rig
 
@@ -63,15 +63,6 @@ limit = 500
 """
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.name=x", "-c", "user.email=x@y", *args],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-
-
 def _labels(stack: MemoryStack, user: str) -> list[str]:
     return list(stack.blocks.read_blocks(user))
 
@@ -100,9 +91,9 @@ def test_profile_is_recorded_at_creation_and_reused(stack: MemoryStack, tmp_path
     stack.blocks.ensure_user("ann", "essay_coach")
     stack.blocks.ensure_user("ben")  # the deployment's default
     repo = stack.git.repo_path("ann")
-    assert _git(repo, "show", "HEAD:profile.toml") == 'name = "essay_coach"\n'
-    assert "Profile: essay_coach" in _git(repo, "log", "-1", "--format=%B")
-    assert _git(stack.git.repo_path("ben"), "show", "HEAD:profile.toml") == (
+    assert git_output(repo, "show", "HEAD:profile.toml") == 'name = "essay_coach"\n'
+    assert "Profile: essay_coach" in git_output(repo, "log", "-1", "--format=%B")
+    assert git_output(stack.git.repo_path("ben"), "show", "HEAD:profile.toml") == (
         'name = "notes_plus"\n'
     )
     head = stack.blocks.last_change("ann")
@@ -166,9 +157,12 @@ def test_change_is_committed_with_its_author_only_when_the_blocks_fit(
     stack.edits.edit_block("ann", "notes", {"value": "short"}, TEACHER)
     sha = stack.edits.set_profile("ann", "notes_plus", TEACHER)
     repo = stack.git.repo_path("ann")
-    assert _git(repo, "log", "-1", "--format=%an|%s", sha) == "ms-rivera|Set profile notes_plus\n"
-    assert "Profile: notes_plus" in _git(repo, "log", "-1", "--format=%B", sha)
-    assert _git(repo, "show", f"{sha}:profile.toml") == 'name = "notes_plus"\n'
+    assert (
+        git_output(repo, "log", "-1", "--format=%an|%s", sha)
+        == "ms-rivera|Set profile notes_plus\n"
+    )
+    assert "Profile: notes_plus" in git_output(repo, "log", "-1", "--format=%B", sha)
+    assert git_output(repo, "show", f"{sha}:profile.toml") == 'name = "notes_plus"\n'
     assert _labels(stack, "ann") == ["persona", "human", "notes", "goals"]
     assert stack.blocks.read_block("ann", "notes").value == "short"
     assert stack.edits.set_profile("ann", "notes_plus", TEACHER) == sha  # already: no commit
@@ -178,8 +172,8 @@ def test_change_is_committed_with_its_author_only_when_the_blocks_fit(
 
 def _commit_by_hand(repo: Path, make: Any) -> None:
     make(repo / "profile.toml")
-    _git(repo, "add", "profile.toml")
-    _git(repo, "commit", "-q", "-m", "by hand")
+    git_output(repo, "add", "profile.toml")
+    git_output(repo, "commit", "-q", "-m", "by hand")
 
 
 def _symlink(path: Path) -> None:
@@ -331,9 +325,9 @@ def test_a_profile_change_interrupted_before_its_commit_is_rolled_back(
     head = stack.git.head("ann")
     (repo / ".git" / "dmem-journal").write_text(f"base={head}\nprofile.toml", encoding="utf-8")
     (repo / "profile.toml").write_text('name = "notes_plus"\n', encoding="utf-8")
-    _git(repo, "add", "profile.toml")
+    git_output(repo, "add", "profile.toml")
     sha = stack.edits.edit_block("ann", "notes", {"value": "after"}, TEACHER)
-    assert _git(repo, "show", f"{sha}:profile.toml") == 'name = "default"\n'
-    assert _git(repo, "status", "--porcelain") == ""
+    assert git_output(repo, "show", f"{sha}:profile.toml") == 'name = "default"\n'
+    assert git_output(repo, "status", "--porcelain") == ""
     assert not (repo / ".git" / "dmem-journal").exists()
     assert _labels(stack, "ann") == ["persona", "human", "notes"]

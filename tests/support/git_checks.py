@@ -17,3 +17,13 @@ def assert_fsck_clean(repo: Path) -> None:
     problems = (result.stdout + result.stderr).strip()
     assert not problems, f"git fsck of {repo}:\n{problems}"
     assert result.returncode == 0, f"git fsck of {repo} exited with {result.returncode}"
+
+
+def git_output(repo: Path, *args: str) -> str:
+    """`git -C repo ARGS`'s output, with an identity for commands that commit."""
+    return subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=x", "-c", "user.email=x@y", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
