@@ -39,6 +39,7 @@ from durable_memory.workflows.turn_boundary import TURN_WORKFLOW
 from tests.support.agent_helpers import edit_block
 from tests.support.temporal_helpers import (
     default_converter_client,
+    raw_turn_reply,
     rig_settings,
     running_rig,
     turn_outcome,
@@ -143,16 +144,12 @@ async def test_update_with_start_of_a_refused_user_gets_the_refusal(
     settings = rig_settings(tmp_path / "data")
     foreign = await default_converter_client(temporal_env)
     async with running_rig(temporal_env.client, settings, []):
-        start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
-            TURN_WORKFLOW,
-            {"user_id": "../etc", "turn_id": "t", "message": "hi"},
-            id=f"bad-{uuid.uuid4().hex}",
-            task_queue=settings.temporal.task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        )
         with pytest.raises(WorkflowUpdateFailedError) as refused:
-            await foreign.execute_update_with_start_workflow(
-                "reply", start_workflow_operation=start
+            await raw_turn_reply(
+                foreign,
+                settings.temporal.task_queue,
+                f"bad-{uuid.uuid4().hex}",
+                {"user_id": "../etc", "turn_id": "t", "message": "hi"},
             )
         assert "invalid user id '../etc'" in _cause(refused.value).message
 
@@ -168,15 +165,11 @@ async def test_a_foreign_caller_gets_search_attributes_and_its_bad_decisions_ref
     foreign = await default_converter_client(temporal_env)
     async with running_rig(temporal_env.client, settings, script) as rig:
         workflow_id = turn_workflow_id("dora", "f1")
-        start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
-            TURN_WORKFLOW,
+        reply = await raw_turn_reply(
+            foreign,
+            settings.temporal.task_queue,
+            workflow_id,
             {"user_id": "dora", "turn_id": "f1", "message": "I'm Dora"},
-            id=workflow_id,
-            task_queue=settings.temporal.task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        )
-        reply = await foreign.execute_update_with_start_workflow(
-            "reply", start_workflow_operation=start
         )
         assert reply["reply"] == "Hi Dora."
         diff_id = reply["diffs"][0]["id"]

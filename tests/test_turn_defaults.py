@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import WithStartWorkflowOperation, WorkflowUpdateFailedError
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
@@ -25,10 +24,11 @@ from durable_memory.models.activity_settings import (
 )
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.turn import RejectedSignals, TurnOutcome, TurnStatus, turn_workflow_id
-from durable_memory.workflows.turn_boundary import INVALID_INPUT, TURN_WORKFLOW
+from durable_memory.workflows.turn_boundary import INVALID_INPUT
 from tests.support.agent_helpers import edit_block
 from tests.support.temporal_helpers import (
     default_converter_client,
+    raw_turn_reply,
     rig_settings,
     running_rig,
     turn_outcome,
@@ -71,15 +71,11 @@ async def test_a_turn_with_only_the_callers_fields_runs_with_the_workers_setting
     foreign = await default_converter_client(temporal_env)
     workflow_id = turn_workflow_id("fay", "d1")
     async with running_rig(temporal_env.client, settings, script) as rig:
-        start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
-            TURN_WORKFLOW,
+        reply = await raw_turn_reply(
+            foreign,
+            settings.temporal.task_queue,
+            workflow_id,
             {"user_id": "fay", "turn_id": "d1", "message": "I'm Fay"},
-            id=workflow_id,
-            task_queue=settings.temporal.task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        )
-        reply = await foreign.execute_update_with_start_workflow(
-            "reply", start_workflow_operation=start
         )
         assert reply["stopped_at_step_limit"] is True
         assert len(reply["diffs"]) == 2
@@ -130,16 +126,7 @@ async def test_a_caller_may_lower_the_limits_but_not_raise_them(
     foreign = await default_converter_client(temporal_env)
     workflow_id = turn_workflow_id("hal", "d2")
     async with running_rig(temporal_env.client, settings, script) as rig:
-        start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
-            TURN_WORKFLOW,
-            old_input,
-            id=workflow_id,
-            task_queue=settings.temporal.task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        )
-        reply = await foreign.execute_update_with_start_workflow(
-            "reply", start_workflow_operation=start
-        )
+        reply = await raw_turn_reply(foreign, settings.temporal.task_queue, workflow_id, old_input)
         assert reply["stopped_at_step_limit"] is True
         assert rig.model_server.remaining == 1  # the caller's 1 step, under the worker's 3
         diff_id = reply["diffs"][0]["id"]

@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.api.testservice.v1 import LockTimeSkippingRequest, UnlockTimeSkippingRequest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WithStartWorkflowOperation, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
@@ -30,6 +31,7 @@ from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workers.dev_server import DEV_SERVER_STARTUP
 from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
+from durable_memory.workflows.turn_boundary import TURN_WORKFLOW
 
 T = TypeVar("T")
 
@@ -159,3 +161,16 @@ async def workflow_result(
             pass
         await asyncio.sleep(0.1)
     raise AssertionError(f"{workflow_id} never ran")
+
+
+async def raw_turn_reply(client: Client, task_queue: str, workflow_id: str, payload: Any) -> Any:
+    """What a caller in another language does: update-with-start of the turn workflow by name
+    with a plain-JSON input, returning the `reply` Update's result as that client decodes it."""
+    start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+        TURN_WORKFLOW,
+        payload,
+        id=workflow_id,
+        task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+    return await client.execute_update_with_start_workflow("reply", start_workflow_operation=start)
