@@ -16,6 +16,7 @@ The workflows' retry policies name the domain error types that are never retried
 """
 
 import contextlib
+import functools
 import sqlite3
 from collections.abc import Iterator
 from datetime import timedelta
@@ -77,10 +78,17 @@ def final_error_types() -> list[str]:
     are never retryable as a class. The same list in every process: a retry policy is part of
     the command a workflow issues. A name that two classes share is left out unless both are
     final."""
+    return list(_final_error_types())
+
+
+@functools.cache
+def _final_error_types() -> tuple[str, ...]:
+    # Computed once: every domain error class is imported above, so the answer cannot change,
+    # and workflows ask for it each time they schedule an activity.
     classes = domain_error_classes()
     final = {c.__name__ for c in classes if not (c.retryable or c.retryable_per_instance)}
     retried = {c.__name__ for c in classes if c.retryable or c.retryable_per_instance}
-    return sorted(final - retried)
+    return tuple(sorted(final - retried))
 
 
 def to_failure(error: Exception, activity_type: str, attempt: int) -> ApplicationError:
