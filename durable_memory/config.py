@@ -4,6 +4,7 @@ overridden by environment variables. The memory core reads the `memory:` section
 import os
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -33,12 +34,54 @@ class MemorySettings(BaseModel):
     """After rotation a block holds at most this share of its char limit."""
     max_steps: int = Field(default=8, ge=1, le=MAX_STEPS_LIMIT)
     """Model calls per turn before the turn ends with a note saying so."""
+    git_remote: str | None = None
+    """The distributed mode (docs/deploy.md): a base URL, user U's repository being
+    `{git_remote}/{U}.git`; `file:///shared/dir` or `http(s)://host:port` (`dmem git-serve`).
+    The token for HTTP comes from DMEM_GIT_TOKEN (or git_token_file), never from the URL.
+    Each host then keeps only disposable clones in data_dir; the database must be PostgreSQL
+    and the archive shared (postgres or weaviate)."""
+    git_token_file: Path | None = None
+    """A file whose first line is the git server's token (default: $DMEM_GIT_TOKEN)."""
 
     @model_validator(mode="after")
     def _archive_has_its_database(self) -> "MemorySettings":
         if self.archive == "postgres":
             postgres_archive_url(self.database_url)
+        if self.git_remote is not None:
+            validate_git_remote(self.git_remote)
+            if self.database_url is None or not is_postgres_url(self.database_url):
+                raise ConfigError(
+                    "memory.git_remote: the distributed mode keeps diffs, recall and turns in "
+                    "PostgreSQL, shared by every host: memory.database_url must be a "
+                    "PostgreSQL URL (postgresql://...)"
+                )
+            if self.archive == "embedded":
+                raise ConfigError(
+                    "memory.git_remote: the distributed mode needs a shared archive, "
+                    "memory.archive: 'postgres' or 'weaviate' (the embedded one lives on one "
+                    "host)"
+                )
         return self
+
+
+_REMOTE_SCHEMES = ("file:///", "http://", "https://")
+
+
+def validate_git_remote(url: str) -> str:
+    """memory.git_remote: a file:// path or an http(s) base URL without credentials, query
+    or fragment (the token is never written into a URL, where logs and .git/config keep it)."""
+    parts = urlsplit(url)
+    if not url.startswith(_REMOTE_SCHEMES) or parts.query or parts.fragment:
+        raise ConfigError(
+            f"memory.git_remote: {url[:80]!r} is not a base URL: use file:///shared/dir or "
+            "http(s)://host:port[/path] (the git server's address)"
+        )
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError(
+            "memory.git_remote: put no credentials in the URL; give the token as "
+            "DMEM_GIT_TOKEN or memory.git_token_file"
+        )
+    return url
 
 
 def postgres_archive_url(database_url: str | None) -> str:
@@ -57,6 +100,7 @@ _ENV = {
     "DMEM_DATABASE_URL": "database_url",
     "DMEM_PROFILE": "profile",
     "DMEM_ARCHIVE": "archive",
+    "DMEM_GIT_REMOTE": "git_remote",
 }
 
 

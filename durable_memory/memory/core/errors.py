@@ -108,6 +108,26 @@ class DamagedRepository(DurableMemoryError):
     """A user's repository whose history cannot be read, even after the automatic repair."""
 
 
+class GitRemoteUnavailable(DurableMemoryError):
+    """The git remote (memory.git_remote) cannot be reached or refused us for a reason a
+    later attempt may not meet (connection refused, a time-out, a 5xx): retried with backoff;
+    a turn shows "waiting for git remote" meanwhile. Nothing was pushed."""
+
+    retryable = True
+
+
+class GitRemoteContended(DurableMemoryError):
+    """Every push of a bounded number of attempts was refused as a non-fast-forward: other
+    writers kept moving the user's branch. Nothing of ours is on the remote; retried."""
+
+    retryable = True
+
+
+class GitRemoteRefused(DurableMemoryError):
+    """The git remote refused us for good: a wrong token (401/403), a repository that is not
+    one, a push its pre-receive hook refuses. Not retried: a person must fix it."""
+
+
 def validation_message(error: ValidationError, what: str) -> str:
     """One line for a pydantic ValidationError: `<what>: field: problem; field: problem`."""
     problems = []
