@@ -30,7 +30,7 @@ from durable_memory.memory.service.review import Review
 from durable_memory.memory.store.block_repository import BlockRepository
 from durable_memory.memory.store.db import make_engine
 from durable_memory.memory.store.diffs import DiffStore
-from durable_memory.memory.store.git import GitBlockStore
+from durable_memory.memory.store.git import GitBlockStore, RemoteGitBlockStore
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.rotation_state import RotationStateStore
 from durable_memory.memory.store.summaries import SummaryStore
@@ -51,8 +51,8 @@ class MemoryStack(MemoryFaces):
     rotator: Rotator
     tools: MemoryTools
     git: GitBlockStore
-    """The users' repositories as files, for what inspects them (snapshots, benchmarks):
-    memory is read and changed through the faces."""
+    """The users' repositories as files (with a git remote: this host's clones of them), for
+    what inspects them (snapshots, benchmarks): memory is read and changed through the faces."""
     engine: Engine
 
     def compile(self, user_id: str, summarizer: Summarizer | None = None) -> CompiledContext:
@@ -110,14 +110,22 @@ def open_stack(
     archive_backend: str = "embedded",
     embedder: Embedder | None = None,
     target_ratio: float = DEFAULT_TARGET_RATIO,
+    git_remote: str | None = None,
+    git_token: str | None = None,
 ) -> MemoryStack:
+    """The stack on `data_dir`; with `git_remote`, users' repositories live on the remote and
+    `data_dir` keeps only disposable clones (see store/git/remote.py)."""
     root = Path(data_dir).resolve()  # no store path may depend on the current directory
     root.mkdir(parents=True, exist_ok=True)
     # The archive first: a backend refused for its settings leaves no memory.db behind.
     archive = open_archive(root, archive_backend, embedder or default_embedder(), database_url)
     engine = make_engine(database_url or f"sqlite:///{root.resolve() / 'memory.db'}")
     profiles = ProfileCatalog(profile)  # `profile`: the default, beside the bundled ones
-    git = GitBlockStore(root)
+    git = (
+        GitBlockStore(root)
+        if git_remote is None
+        else RemoteGitBlockStore(root, git_remote, git_token)
+    )
     recall = RecallStore(engine)
     faces = memory_faces(
         profiles, git, DiffStore(engine), UserDirectory(engine), ArchiveTaskSink(archive)
@@ -143,4 +151,6 @@ def stack_from_settings(settings: Settings) -> MemoryStack:
         memory.profile,
         archive_backend=memory.archive,
         target_ratio=memory.rotation_target_ratio,
+        git_remote=memory.git_remote,
+        git_token=memory.git_token() if memory.git_remote else None,
     )

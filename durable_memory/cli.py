@@ -375,9 +375,10 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 def cmd_git_serve(args: argparse.Namespace) -> None:
     from durable_memory.gitserver.pre_receive import hook_script
-    from durable_memory.gitserver.server import ServeSettings, read_token, serve
+    from durable_memory.gitserver.server import ServeSettings, serve
+    from durable_memory.memory.store.bare_repos import read_git_token
 
-    token = read_token(Path(args.token_file) if args.token_file else None)
+    token = read_git_token(Path(args.token_file) if args.token_file else None)
     if token is None and not args.no_auth:
         raise DurableMemoryError(
             "no token: set DMEM_GIT_TOKEN or --token-file (or --no-auth, loopback only)"

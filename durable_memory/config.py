@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from durable_memory.memory.core.errors import DurableMemoryError
+from durable_memory.memory.store.bare_repos import read_git_token
 from durable_memory.memory.store.sql import is_postgres_url
 from durable_memory.models.activity_settings import SETTINGS_FILE_CONTEXT, ActivitiesSettings
 from durable_memory.models.turn import MAX_STEPS_LIMIT, WorkerTurnSettings
@@ -42,6 +43,10 @@ class MemorySettings(BaseModel):
     and the archive shared (postgres or weaviate)."""
     git_token_file: Path | None = None
     """A file whose first line is the git server's token (default: $DMEM_GIT_TOKEN)."""
+
+    def git_token(self) -> str | None:
+        """The git server's token: git_token_file's first line, else $DMEM_GIT_TOKEN."""
+        return read_git_token(self.git_token_file)
 
     @model_validator(mode="after")
     def _archive_has_its_database(self) -> "MemorySettings":

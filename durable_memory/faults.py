@@ -13,6 +13,11 @@ AFTER_MODEL_CALL = "after_model_call"
 """The model's reply is stored; its messages are not yet in recall."""
 MID_COMMIT = "mid_commit"
 """A block file is written and staged; the commit does not exist yet."""
+BEFORE_PUSH = "before_push"
+"""With a git remote: a commit is made in the host's clone; it is not pushed yet."""
+AFTER_PUSH = "after_push"
+"""With a git remote: the commit is on the remote; nothing else knows it yet (the diff has no
+commit recorded)."""
 AFTER_ARCHIVE = "after_archive"
 """A rotation's full text is archived; the compressed block is not committed yet."""
 

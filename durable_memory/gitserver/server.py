@@ -33,7 +33,6 @@ from durable_memory.memory.store.bare_repos import (
 
 log = logging.getLogger(__name__)
 
-TOKEN_ENV = "DMEM_GIT_TOKEN"
 DEFAULT_MAX_BODY_BYTES = 256 << 20
 DEFAULT_CGI_TIMEOUT_SECONDS = 300.0
 _ROUTE = re.compile(r"/([^/]+)\.git/(info/refs|git-upload-pack|git-receive-pack)")
@@ -217,18 +216,6 @@ class GitServer(ThreadedHTTPServer):
         handler = type("Handler", (_Handler,), {"settings": settings, "backend": http_backend()})
         super().__init__(host, port, handler)
         self._httpd.daemon_threads = True
-
-
-def read_token(token_file: Path | None) -> str | None:
-    """The token from `token_file` (its first line) or the DMEM_GIT_TOKEN environment variable."""
-    if token_file is not None:
-        try:
-            token = token_file.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as error:
-            raise DurableMemoryError(f"cannot read the token file {token_file}: {error}") from None
-    else:
-        token = os.environ.get(TOKEN_ENV, "").strip()
-    return token or None
 
 
 def serve(settings: ServeSettings, host: str, port: int) -> None:

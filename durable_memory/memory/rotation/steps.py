@@ -20,7 +20,7 @@ from durable_memory.memory.rotation.planner import (
     utc_now,
 )
 from durable_memory.memory.service.blocks import Blocks
-from durable_memory.memory.store.block_repository import BlockRepository
+from durable_memory.memory.store.block_repository import BlockRepository, compare_and_set
 from durable_memory.memory.store.git import format_message
 from durable_memory.memory.store.rotation_state import RotationStateStore
 from durable_memory.models.archive import NewPassage, PassageSource
@@ -71,6 +71,7 @@ class Rotator(RotationPlanner):
             chunk=True,
         )
 
+    @compare_and_set
     def commit_step(self, plan: RotationPlan, passage_ids: Sequence[str]) -> str | None:
         """Step 2: commit the compressed block. Idempotent; None if the block moved on."""
         spec = self.blocks.spec(plan.user_id, plan.label)

@@ -23,7 +23,11 @@ from durable_memory.memory.core.formats import from_toml, to_toml
 from durable_memory.memory.core.ids import validate_label
 from durable_memory.memory.core.operations import apply_operation, format_task_archive
 from durable_memory.memory.core.profiles import ProfileCatalog, read_profile_record
-from durable_memory.memory.store.block_repository import BlockRepository, BlockTransaction
+from durable_memory.memory.store.block_repository import (
+    BlockRepository,
+    BlockTransaction,
+    compare_and_set,
+)
 from durable_memory.memory.store.git import (
     PROFILE_FILE,
     block_path,
@@ -138,6 +142,7 @@ class BlockAccess:
         where = f"users/{user_id}/{block_path(label)} at {sha[:12]}"
         return from_toml(spec, text, where, enforce_limit=False)
 
+    @compare_and_set
     def commit_fields(
         self,
         user_id: str,

@@ -11,6 +11,7 @@ from durable_memory.memory.core.formats import render_prompt, to_markdown, to_to
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.core.profiles import ProfileCatalog, profile_record
 from durable_memory.memory.service.access import Block, BlockAccess, missing_blocks
+from durable_memory.memory.store.block_repository import compare_and_set
 from durable_memory.memory.store.git import format_message
 from durable_memory.models.blocks import AgentProfile, BlockKind, BlockSpec
 from durable_memory.models.history import SYSTEM_AUTHOR, CommitInfo
@@ -76,6 +77,7 @@ class Blocks:
         self._access.users.register([user_id])  # after the repository exists
         return head
 
+    @compare_and_set
     def _ensure_repository(self, user_id: str, profile: str | None) -> str:
         profiles = self._access.profiles
         with self._access.git.transaction(user_id, create=True) as tx:

@@ -9,6 +9,7 @@ from durable_memory.memory.core.formats import from_markdown, from_toml
 from durable_memory.memory.core.operations import describe
 from durable_memory.memory.core.profiles import profile_record
 from durable_memory.memory.service.access import BlockAccess, missing_blocks
+from durable_memory.memory.store.block_repository import compare_and_set
 from durable_memory.memory.store.git import format_message, validate_author_name
 from durable_memory.models.history import Author
 from durable_memory.models.operations import (
@@ -46,6 +47,7 @@ class DirectEdits:
         trailers = {"Reason": reason} if reason else None
         return self._access.commit_fields(user_id, label, op, author, describe(op, label), trailers)
 
+    @compare_and_set
     def set_profile(self, user_id: str, name: str, author: Author) -> str:
         """Change the user's profile to `name`, committed with `author`: only if every block
         the user has fits it (a block of that profile, valid under its schema and limit);

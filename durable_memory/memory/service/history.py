@@ -4,6 +4,7 @@ and take in what a person changed by hand in the repository's working tree."""
 from durable_memory.memory.core.errors import UnsafeFile
 from durable_memory.memory.core.formats import from_toml, to_toml
 from durable_memory.memory.service.access import BlockAccess
+from durable_memory.memory.store.block_repository import compare_and_set
 from durable_memory.memory.store.git import BLOCKS_DIR, block_path, format_message
 from durable_memory.models.blocks import BlockFields
 from durable_memory.models.history import Author, CommitInfo
@@ -39,6 +40,7 @@ class History:
             {"Restored-From": sha},
         )
 
+    @compare_and_set
     def commit_hand_edits(self, user_id: str, author: Author) -> str | None:
         """Validate block files changed by hand in the working tree and commit them together.
 

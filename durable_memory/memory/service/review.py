@@ -21,6 +21,7 @@ from durable_memory.memory.core.formats import from_markdown, to_markdown, to_to
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.core.operations import apply_operation, conflict_reason, describe
 from durable_memory.memory.service.access import BlockAccess
+from durable_memory.memory.store.block_repository import compare_and_set
 from durable_memory.memory.store.diffs import DiffStore
 from durable_memory.memory.store.git import (
     block_path,
@@ -220,6 +221,7 @@ class Review:
             # nothing was committed, so the diff says so instead of staying approved.
             return self._conflicted(diff, str(error))
 
+    @compare_and_set
     def _commit(self, diff: PendingDiff) -> PendingDiff:
         user_id = diff.user_id
         spec = self._access.spec(diff.user_id, diff.label)

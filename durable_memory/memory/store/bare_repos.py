@@ -19,6 +19,9 @@ from durable_memory.memory.core.errors import DurableMemoryError, UnsafeFile
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.safe_files import kind_of
 
+GIT_TOKEN_ENV = "DMEM_GIT_TOKEN"
+"""The git server's token: read by `dmem git-serve` and by every host that pushes to it."""
+
 BARE_SETTINGS = (
     ("receive.denyNonFastForwards", "true"),
     ("receive.denyDeletes", "true"),
@@ -96,3 +99,16 @@ def ensure_bare_repository(
     finally:
         shutil.rmtree(fresh, ignore_errors=True)
     return path
+
+
+def read_git_token(token_file: Path | None) -> str | None:
+    """The git server's token: `token_file`'s first line, else $DMEM_GIT_TOKEN; None if
+    neither gives one."""
+    if token_file is not None:
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as error:
+            raise DurableMemoryError(f"cannot read the token file {token_file}: {error}") from None
+    else:
+        token = os.environ.get(GIT_TOKEN_ENV, "").strip()
+    return token or None

@@ -2,13 +2,19 @@
 that read blocks (and the record naming the user's profile) at HEAD or at a commit, find the
 commit that records a decision by its trailer, and commit new block files; and reads of
 history. `GitBlockStore` (store/git/) is the
-local implementation; a remote-backed one satisfies the same two protocols."""
+local implementation, `RemoteGitBlockStore` (store/git/remote.py) the distributed one, whose
+commits can lose a race to another host: every read-check-write is wrapped in
+`compare_and_set`."""
 
-from collections.abc import Mapping
+import functools
+import random
+import time
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Protocol
+from typing import ParamSpec, Protocol, TypeVar
 
+from durable_memory.memory.core.errors import GitRemoteContended
 from durable_memory.models.history import Author, CommitInfo
 
 
@@ -87,3 +93,28 @@ class BlockRepository(Protocol):
     def diff(self, user_id: str, label: str, a: str, b: str) -> str:
         """Unified diff of the block's TOML between two commits."""
         ...
+
+
+CAS_ATTEMPTS = 8
+"""Read-check-write rounds a writer gets when other hosts keep moving the user's branch."""
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def compare_and_set(write: Callable[P, R]) -> Callable[P, R]:
+    """Run `write` (a read-check-write of one user's memory) again on fresh history while its
+    push is refused because another writer moved the branch first; CAS_ATTEMPTS in all, with
+    a short random pause between, then the last GitRemoteContended (retryable). With a local
+    repository nothing is pushed, so this never repeats anything."""
+
+    @functools.wraps(write)
+    def attempts(*args: P.args, **kwargs: P.kwargs) -> R:
+        for attempt in range(1, CAS_ATTEMPTS):
+            try:
+                return write(*args, **kwargs)
+            except GitRemoteContended:
+                time.sleep(random.uniform(0, 0.02 * attempt))
+        return write(*args, **kwargs)
+
+    return attempts

@@ -14,11 +14,14 @@ by hand) costs a read of git objects.
 
 Every transaction first repairs what a killed writer left (recovery.py); commits are written
 by `git commit` with fsync and hooks off (commits.py), their messages and authors checked
-(messages.py). The names below are the package's public face.
+(messages.py). With a git remote (the distributed mode), `RemoteGitBlockStore` (remote.py)
+keeps these repositories as disposable clones of the remote's, pushing every commit. The names
+below are the package's public face.
 """
 
 from durable_memory.memory.store.git.layout import BLOCKS_DIR, PROFILE_FILE, block_path
 from durable_memory.memory.store.git.messages import format_message, validate_author_name
+from durable_memory.memory.store.git.remote import RemoteGitBlockStore
 from durable_memory.memory.store.git.repository import GitBlockStore
 from durable_memory.memory.store.git.snapshots import Snapshot, SnapshotCache
 from durable_memory.memory.store.git.transaction import CLOCK_SKEW, RepoTransaction
@@ -28,6 +31,7 @@ __all__ = [
     "CLOCK_SKEW",
     "PROFILE_FILE",
     "GitBlockStore",
+    "RemoteGitBlockStore",
     "RepoTransaction",
     "Snapshot",
     "SnapshotCache",

@@ -1,0 +1,293 @@
+"""`RemoteGitBlockStore`: the distributed mode's block repository. The git remote
+(memory.git_remote) is the source of truth, user U's repository being `{remote}/{U}.git`; each
+host keeps a disposable clone per user under `<data_dir>/clones/` as a cache.
+
+Every transaction takes the local per-user lock (threads and processes of this host), repairs
+what a crash left in the clone (recovery.py), fetches, and points the clone's main at the
+remote's: a local commit a kill left unpushed is dropped, never pushed later, so the caller's
+retry (an approved diff in the database, say) is the only way the change reaches the remote.
+A commit is pushed at once. The push is the compare-and-set between hosts: the remote only
+accepts a fast-forward of the main it had (`receive.denyNonFastForwards`, and git's own ref
+lock), so a writer that lost a race gets `GitRemoteContended`; the callers that write are
+wrapped in `compare_and_set` (store/block_repository.py), which re-runs their whole
+read-check-write on fresh history (a Diff-Id already on the remote then means done), a bounded
+number of times.
+
+Network failures are `GitRemoteUnavailable` (retried), refusals that need a person (a wrong
+token, a pre-receive hook) `GitRemoteRefused`. The token travels in git's environment
+(`http.extraHeader`), never on a command line or in a URL.
+"""
+
+import contextlib
+import logging
+import os
+import subprocess
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import git
+
+from durable_memory.faults import AFTER_PUSH, BEFORE_PUSH, crash_point
+from durable_memory.memory.core.errors import (
+    GitRemoteContended,
+    GitRemoteRefused,
+    GitRemoteUnavailable,
+    UnknownUser,
+)
+from durable_memory.memory.core.ids import validate_user_id
+from durable_memory.memory.store.bare_repos import ensure_bare_repository, existing_bare_repository
+from durable_memory.memory.store.git.commits import SAFE_GIT_CONFIG, run_git
+from durable_memory.memory.store.git.locking import user_lock
+from durable_memory.memory.store.git.recovery import recover
+from durable_memory.memory.store.git.refs import BRANCH_REF, FULL_SHA, read_git_file, read_head
+from durable_memory.memory.store.git.repository import GitBlockStore
+from durable_memory.memory.store.git.snapshots import SnapshotCache
+from durable_memory.memory.store.git.transaction import RepoTransaction
+from durable_memory.models.history import Author
+
+log = logging.getLogger(__name__)
+
+CLONES_DIR = "clones"
+REMOTE_REF = "refs/remotes/origin/main"
+NETWORK_TIMEOUT_S = 120.0
+"""A fetch or push that has not finished by then is killed: the remote is unavailable."""
+_NETWORK_CONFIG = (
+    # A server that stops sending (but keeps the connection) fails the request in 30 s.
+    ("http.lowSpeedLimit", "1"),
+    ("http.lowSpeedTime", "30"),
+    # Only the transports memory.git_remote may name: never `ext::` or a helper program.
+    ("protocol.allow", "never"),
+    ("protocol.file.allow", "always"),
+    ("protocol.http.allow", "always"),
+    ("protocol.https.allow", "always"),
+)
+
+_UNAVAILABLE = (
+    "could not resolve host",
+    "failed to connect",
+    "connection refused",
+    "connection reset",
+    "connection timed out",
+    "operation timed out",
+    "empty reply from server",
+    "the remote end hung up unexpectedly",
+    "rpc failed",
+    "returned error: 5",
+    "couldn't connect to server",
+    "recv failure",
+    "send failure",
+)
+_REFUSED = (
+    "returned error: 401",
+    "returned error: 403",
+    "authentication failed",
+    "could not read username",
+    "could not read password",
+)
+_MISSING = ("returned error: 404", "does not appear to be a git repository", "not found")
+_MOVED = ("fetch first", "non-fast-forward", "stale info", "failed to update ref", "cannot lock")
+
+
+@dataclass
+class RemoteTransaction(RepoTransaction):
+    """A transaction on a clone whose commits are pushed as they are made."""
+
+    push: Callable[["RemoteTransaction", str], None] | None = None
+
+    def commit(
+        self,
+        files: Mapping[str, str],
+        message: str,
+        author: Author,
+        *,
+        allow_empty: bool = False,
+        overwrite_hand_edits: bool = False,
+        profile: str | None = None,
+    ) -> str:
+        before = self.head
+        new = super().commit(
+            files,
+            message,
+            author,
+            allow_empty=allow_empty,
+            overwrite_hand_edits=overwrite_hand_edits,
+            profile=profile,
+        )
+        if new != before and self.push is not None:
+            crash_point(BEFORE_PUSH)
+            self.push(self, new)
+            crash_point(AFTER_PUSH)
+        return new
+
+
+class RemoteGitBlockStore(GitBlockStore):
+    """Users' repositories on a git remote, with disposable clones under `<data_dir>/clones/`."""
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        remote: str,
+        token: str | None = None,
+        cache: SnapshotCache | None = None,
+    ) -> None:
+        super().__init__(data_dir, cache)
+        self.users_dir = self.data_dir / CLONES_DIR
+        self.remote = remote.rstrip("/")
+        parts = urlsplit(self.remote)
+        self._shared_dir = Path(unquote(parts.path)) if parts.scheme == "file" else None
+        self._env = {"GIT_TERMINAL_PROMPT": "0", "GIT_ALLOW_PROTOCOL": "file:http:https"}
+        settings = list(_NETWORK_CONFIG)
+        if token is not None:
+            settings.append(("http.extraHeader", f"Authorization: Bearer {token}"))
+        self._env["GIT_CONFIG_COUNT"] = str(len(settings))
+        for index, (key, value) in enumerate(settings):
+            self._env[f"GIT_CONFIG_KEY_{index}"] = key
+            self._env[f"GIT_CONFIG_VALUE_{index}"] = value
+
+    def remote_url(self, user_id: str) -> str:
+        return f"{self.remote}/{validate_user_id(user_id)}.git"
+
+    def users(self) -> list[str]:
+        """No user lives on this host's disk: the shared database lists them."""
+        return []
+
+    def exists(self, user_id: str) -> bool:
+        """Whether the remote holds the user's memory (a main branch)."""
+        if self._shared_dir is not None and not existing_bare_repository(self._shared_dir, user_id):
+            return False
+        listed = self._network(
+            None, "ls-remote", self.remote_url(user_id), BRANCH_REF, missing_ok=True
+        )
+        return listed is not None and bool(listed.strip())
+
+    @contextlib.contextmanager
+    def transaction(self, user_id: str, *, create: bool = False) -> Iterator[RemoteTransaction]:
+        """Hold the user's local lock with the clone at the remote's main (see the module)."""
+        if self._shared_dir is not None:
+            if create:
+                ensure_bare_repository(self._shared_dir, user_id)
+            elif existing_bare_repository(self._shared_dir, user_id) is None:
+                raise UnknownUser(f"user '{user_id}' has no memory yet")
+        if not self._is_repository(user_id):
+            self._create(user_id)  # an empty clone: the fetch below fills it
+        path = self.repo_path(user_id)
+        with user_lock(self.users_dir, user_id) as lock, git.Repo(path) as repo:
+            repo.git.set_persistent_git_options(c=SAFE_GIT_CONFIG)
+            recover(repo, lock, self.users_dir, user_id, self.cache)
+            head = self._sync(repo, lock, user_id)
+            if head is None and not create:
+                raise UnknownUser(f"user '{user_id}' has no memory yet")
+            yield RemoteTransaction(
+                repo=repo,
+                lock=lock,
+                user_id=user_id,
+                users_dir=self.users_dir,
+                head=head,
+                cache=self.cache,
+                push=self._push,
+            )
+
+    def _sync(self, repo: git.Repo, lock: int, user_id: str) -> str | None:
+        """Fetch the remote's main and make the clone's main, index and files exactly it;
+        the remote's main (None while the user has none)."""
+        fetched = self._network(
+            lock,
+            "fetch",
+            "--quiet",
+            "--no-tags",
+            "--no-write-fetch-head",
+            self.remote_url(user_id),
+            f"+{BRANCH_REF}:{REMOTE_REF}",
+            repo=repo,
+            missing_ok=True,
+            unborn_ok=True,
+        )
+        git_dir = Path(repo.git_dir)
+        remote_head = None
+        if fetched is not None:  # fetch writes the ref as a file of its own (never packed)
+            remote_head = (read_git_file(git_dir, REMOTE_REF) or "").strip() or None
+            if remote_head is not None and not FULL_SHA.fullmatch(remote_head):
+                raise GitRemoteUnavailable(f"the fetched {REMOTE_REF} reads {remote_head[:60]!r}")
+        # Recovery (above) put back any file a killed write left: the clone holds its HEAD.
+        if read_head(git_dir) == remote_head:
+            return remote_head
+        if remote_head is None:  # the remote has nothing (yet): neither has the clone
+            run_git(repo, lock, "update-ref", "-d", BRANCH_REF)
+            run_git(repo, lock, "read-tree", "--empty")
+        else:
+            run_git(repo, lock, "reset", "--hard", "--quiet", remote_head)
+        run_git(repo, lock, "clean", "-ffdxq")
+        return remote_head
+
+    def _push(self, tx: RemoteTransaction, sha: str) -> None:
+        out = self._network(
+            tx.lock,
+            "push",
+            "--porcelain",
+            "--quiet",
+            self.remote_url(tx.user_id),
+            f"{sha}:{BRANCH_REF}",
+            repo=tx.repo,
+        )
+        log.debug("user '%s': pushed %s (%s)", tx.user_id, sha[:12], (out or "").strip())
+
+    def _network(
+        self,
+        lock: int | None,
+        *args: str,
+        repo: git.Repo | None = None,
+        missing_ok: bool = False,
+        unborn_ok: bool = False,
+    ) -> str | None:
+        """Run a git command that talks to the remote; its output, or None when the
+        repository (`missing_ok`) or its main (`unborn_ok`) does not exist there."""
+        command = ["git", *(arg for option in SAFE_GIT_CONFIG for arg in ("-c", option)), *args]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+        try:
+            result = subprocess.run(
+                command,
+                cwd=repo.working_tree_dir if repo is not None else None,
+                capture_output=True,
+                env={**env, **self._env},
+                pass_fds=() if lock is None else (lock,),
+                timeout=NETWORK_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise GitRemoteUnavailable(
+                f"git {args[0]} to {self.remote} did not finish in {NETWORK_TIMEOUT_S:.0f} s"
+            ) from None
+        output = (result.stdout + result.stderr).decode("utf-8", errors="replace")
+        if result.returncode == 0:
+            return result.stdout.decode("utf-8", errors="replace")
+        said = output.lower()
+        where = f"git {args[0]} of {self._shown(args)}"
+        if unborn_ok and "couldn't find remote ref" in said:
+            return None
+        if any(sign in said for sign in _REFUSED):
+            raise GitRemoteRefused(f"{where}: the git remote refused the token ({_tail(output)})")
+        if any(sign in said for sign in _UNAVAILABLE):
+            raise GitRemoteUnavailable(f"{where}: the git remote is unavailable: {_tail(output)}")
+        if args[0] == "push" and any(sign in said for sign in _MOVED):
+            raise GitRemoteContended(
+                f"{where}: refused, another writer moved the branch first ({_tail(output)})"
+            )
+        if args[0] == "push" and "rejected" in said:
+            raise GitRemoteRefused(f"{where}: the git remote refused the push: {_tail(output)}")
+        if missing_ok and any(sign in said for sign in _MISSING):
+            return None
+        raise GitRemoteUnavailable(f"{where} failed: {_tail(output)}")
+
+    def _shown(self, args: tuple[str, ...]) -> str:
+        for arg in args:
+            if arg.startswith(self.remote):
+                return arg
+        return self.remote
+
+
+def _tail(output: str) -> str:
+    """The last lines git printed, on one line, short."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    return " / ".join(lines[-3:])[:400]

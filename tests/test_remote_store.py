@@ -1,0 +1,331 @@
+"""The distributed mode's block repository (store/git/remote.py): the git remote is the truth,
+each host's clones are a disposable cache, a push is the compare-and-set between hosts.
+
+Every test runs on both kinds of remote: a shared directory (`file://`) and `dmem git-serve`
+(smart HTTP with a token). Hosts are stores with separate data dirs sharing one database."""
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from durable_memory.bootstrap import stack_from_settings
+from durable_memory.config import ConfigError, MemorySettings
+from durable_memory.faults import AFTER_PUSH, BEFORE_PUSH
+from durable_memory.memory.core.errors import (
+    GitRemoteRefused,
+    GitRemoteUnavailable,
+    UnknownUser,
+    UnsafeFile,
+)
+from durable_memory.memory.core.profiles import load_profile
+from durable_memory.memory.store.diffs import DiffStore
+from durable_memory.memory.store.git import RemoteGitBlockStore
+from durable_memory.memory.store.recall import RecallStore
+from durable_memory.models.diffs import DiffStatus, Proposer
+from durable_memory.models.history import Author, AuthorKind
+from durable_memory.models.operations import AddContext, LearnFact
+from tests.support.distributed import (
+    GIT_TOKEN,
+    distributed_settings,
+    git_server,
+    remote_log,
+    restart_git_server,
+)
+from tests.support.memory import MemoryRig
+from tests.support.postgres import fresh_schema_url
+
+SERVICE = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
+PROFILE = load_profile("essay_coach")
+
+
+class Remote:
+    """A git remote of either kind, and where its bare repositories are on disk."""
+
+    def __init__(self, kind: str, root: Path) -> None:
+        self.kind = kind
+        self.root = root / "remote"
+        self._server = None
+        self.url = f"file://{self.root}"
+        if kind == "http":
+            self._context = git_server(self.root)
+            self._server = self._context.__enter__()
+            self.url = self._server.url
+
+    def bare(self, user: str) -> Path:
+        return self.root / f"{user}.git"
+
+    def commits(self, user: str) -> list[str]:
+        return remote_log(self.bare(user), "--format=%H", "main").split()
+
+    def stop(self) -> None:
+        assert self._server is not None
+        self._server.stop()
+
+    def restart(self) -> None:
+        assert self._server is not None
+        self._server = restart_git_server(self._server, self.root)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+
+
+@pytest.fixture(params=["file", "http"])
+def remote(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Remote]:
+    found = Remote(request.param, tmp_path)
+    yield found
+    found.close()
+
+
+def host(remote: Remote, engine: Engine, data_dir: Path, token: str = GIT_TOKEN) -> MemoryRig:
+    store = RemoteGitBlockStore(data_dir, remote.url, token)
+    return MemoryRig.open(PROFILE, store, DiffStore(engine), RecallStore(engine))
+
+
+def note(rig: MemoryRig, user: str, text: str) -> str:
+    return rig.edits.apply_direct(user, "human", AddContext(note=text), SERVICE)
+
+
+def notes(rig: MemoryRig, user: str) -> list[str]:
+    value = rig.blocks.read_block(user, "human").fields.get("context_notes") or []
+    assert isinstance(value, list)
+    return [str(item) for item in value]
+
+
+def diff_id_commits(remote: Remote, user: str, diff_id: str) -> list[str]:
+    return remote_log(
+        remote.bare(user), "--format=%H", "--fixed-strings", f"--grep=Diff-Id: {diff_id}", "main"
+    ).split()
+
+
+def test_a_fresh_host_serves_what_another_host_wrote(
+    remote: Remote, engine: Engine, tmp_path: Path
+) -> None:
+    a, b = host(remote, engine, tmp_path / "a"), host(remote, engine, tmp_path / "b")
+    created = a.blocks.ensure_user("alice")
+    assert remote.commits("alice") == [created]
+    assert notes(b, "alice") == []  # b's data dir was empty: it cloned
+    written = note(b, "alice", "written on b")
+    assert notes(a, "alice") == ["written on b"]  # a fetched
+    assert remote.commits("alice") == [written, created]
+    assert [c.sha for c in a.history.history("alice", "human")] == [written, created]
+    # A host's data dir holds its clones and nothing else; no token is written anywhere.
+    for data_dir in (tmp_path / "a", tmp_path / "b"):
+        assert sorted(p.name for p in data_dir.iterdir()) == ["clones"]
+        config = (data_dir / "clones" / "alice" / ".git" / "config").read_text()
+        assert GIT_TOKEN not in config
+        assert "remote" not in config
+
+
+def test_racing_writers_on_two_hosts_all_land_in_a_linear_history(
+    remote: Remote, engine: Engine, tmp_path: Path
+) -> None:
+    hosts = [host(remote, engine, tmp_path / name) for name in ("a", "b", "c")]
+    base = hosts[0].blocks.ensure_user("alice")
+    errors: list[BaseException] = []
+
+    def write(index: int) -> None:
+        try:
+            for round_ in range(3):
+                note(hosts[index % 3], "alice", f"note {index}.{round_}")
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    commits = remote.commits("alice")
+    assert len(commits) == 1 + 18
+    assert commits[-1] == base
+    assert remote_log(remote.bare("alice"), "--merges", "--format=%H", "main") == ""
+    # Each write is one commit of its own (the block keeps only its newest notes).
+    subjects = remote_log(remote.bare("alice"), "--format=%s", "main").splitlines()
+    expected = sorted(f"Add context to human: note {i}.{r}" for i in range(6) for r in range(3))
+    assert sorted(subjects[:-1]) == expected
+    assert notes(hosts[1], "alice")[-1] in {s.split(": ", 1)[1] for s in subjects[:1]}
+
+
+def _approve_in_a_process(data_dir: Path, remote: Remote, db: Path, diff_id: str, at: str) -> int:
+    """Approve `diff_id` on a host that is SIGKILLed at crash point `at`; its exit status."""
+    code = f"""
+from pathlib import Path
+from durable_memory.memory.store.db import make_engine
+from tests.test_remote_store import host, Remote
+remote = Remote.__new__(Remote); remote.url = {remote.url!r}
+rig = host(remote, make_engine("sqlite:///{db}"), Path({str(data_dir)!r}))
+rig.review.approve({diff_id!r}, "ann")
+"""
+    env = {**os.environ, "DMEM_CRASH_AT": at, "DMEM_CRASH_MARKER": str(data_dir / "crashed")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=Path(__file__).parents[1], timeout=120
+    )
+    return done.returncode
+
+
+@pytest.mark.parametrize("crash_at", [BEFORE_PUSH, AFTER_PUSH])
+def test_a_host_killed_around_the_push_leaves_exactly_one_commit(
+    remote: Remote, tmp_path: Path, crash_at: str
+) -> None:
+    from durable_memory.memory.store.db import make_engine
+
+    db = tmp_path / "memory.db"
+    engine = make_engine(f"sqlite:///{db}")
+    a = host(remote, engine, tmp_path / "a")
+    a.blocks.ensure_user("alice")
+    diff = a.review.propose(
+        "alice", "human", LearnFact(fact="likes tea"), "said so", Proposer.turn("t1")
+    )
+    assert _approve_in_a_process(tmp_path / "killed", remote, db, diff.id, crash_at) == -9
+    assert a.review.get(diff.id, "alice").status is DiffStatus.APPROVED  # recorded, not finished
+    pushed = diff_id_commits(remote, "alice", diff.id)
+    assert len(pushed) == (0 if crash_at == BEFORE_PUSH else 1)
+    # Another host finishes it: the retry of the activity, wherever it runs.
+    finished = a.review.finish_approvals("alice")
+    assert [d.status for d in finished] == [DiffStatus.APPROVED]
+    assert diff_id_commits(remote, "alice", diff.id) == [finished[0].commit_sha]
+    # The killed host's clone held a commit it never pushed (before_push): using it again
+    # drops that commit and serves the remote's history.
+    killed = host(remote, engine, tmp_path / "killed")
+    history = [c.sha for c in killed.git.history("alice", None, limit=50)]
+    assert history == remote.commits("alice")
+    assert "likes tea" in str(killed.blocks.read_block("alice", "human").fields)
+
+
+def test_a_remote_that_is_down_fails_cleanly_and_the_retry_lands_once(
+    engine: Engine, tmp_path: Path
+) -> None:
+    remote = Remote("http", tmp_path)
+    try:
+        a = host(remote, engine, tmp_path / "a")
+        a.blocks.ensure_user("alice")
+        diff = a.review.propose("alice", "human", LearnFact(fact="x"), "r", Proposer.turn("t"))
+        before = remote.commits("alice")
+        remote.stop()
+        with pytest.raises(GitRemoteUnavailable, match="unavailable") as raised:
+            a.review.approve(diff.id, "ann")
+        assert raised.value.retryable
+        assert GIT_TOKEN not in str(raised.value)
+        with pytest.raises(GitRemoteUnavailable):
+            notes(a, "alice")
+        remote.restart()
+        assert remote.commits("alice") == before
+        approved = a.review.get(diff.id, "alice")
+        if approved.status is DiffStatus.PENDING:  # refused before it was recorded
+            approved = a.review.approve(diff.id, "ann")
+        else:
+            [approved] = a.review.finish_approvals("alice")
+        assert diff_id_commits(remote, "alice", diff.id) == [approved.commit_sha]
+    finally:
+        remote.close()
+
+
+def test_a_wrong_token_is_refused_for_good_and_leaks_nothing(
+    engine: Engine, tmp_path: Path
+) -> None:
+    remote = Remote("http", tmp_path)
+    try:
+        host(remote, engine, tmp_path / "a").blocks.ensure_user("alice")
+        intruder = host(remote, engine, tmp_path / "b", token="wrong-token")
+        with pytest.raises(GitRemoteRefused, match="refused the token") as raised:
+            notes(intruder, "alice")
+        assert not raised.value.retryable
+        assert "wrong-token" not in str(raised.value)
+        assert len(remote.commits("alice")) == 1
+    finally:
+        remote.close()
+
+
+def test_an_unknown_user_is_unknown_and_creates_nothing(
+    remote: Remote, engine: Engine, tmp_path: Path
+) -> None:
+    a = host(remote, engine, tmp_path / "a")
+    with pytest.raises(UnknownUser):
+        notes(a, "nobody")
+    assert not remote.bare("nobody").exists()
+
+
+def test_a_symlink_pushed_by_hand_is_refused_not_followed(
+    remote: Remote, engine: Engine, tmp_path: Path
+) -> None:
+    a = host(remote, engine, tmp_path / "a")
+    a.blocks.ensure_user("alice")
+    work = tmp_path / "by-hand"
+    url = remote.url + "/alice.git"
+    env = {**os.environ, "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "http.extraHeader"}
+    env["GIT_CONFIG_VALUE_0"] = f"Authorization: Bearer {GIT_TOKEN}"
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(work), *args], check=True, capture_output=True, env=env)
+
+    subprocess.run(["git", "clone", "-q", url, str(work)], check=True, env=env)
+    (work / "blocks" / "human.toml").unlink()
+    (work / "blocks" / "human.toml").symlink_to("/etc/passwd")
+    git("add", "-A")
+    git("-c", "user.name=m", "-c", "user.email=m@x", "commit", "-qm", "by hand")
+    git("push", "-q", "origin", "main")
+    with pytest.raises(UnsafeFile, match="refused"):
+        notes(a, "alice")
+
+
+PG = "postgresql://dmem@127.0.0.1:5432/dmem"
+
+
+def test_a_distributed_host_with_shared_stores_is_accepted() -> None:
+    MemorySettings(git_remote="http://127.0.0.1:8418", database_url=PG, archive="postgres")
+    MemorySettings(git_remote="file:///srv/git", database_url=PG, archive="weaviate")
+
+
+@pytest.mark.parametrize(
+    ("values", "why"),
+    [
+        ({"git_remote": "file:///srv/git", "archive": "weaviate"}, "must be a PostgreSQL URL"),
+        ({"git_remote": "file:///srv/git", "database_url": PG}, "needs a shared archive"),
+        (
+            {"git_remote": "http://u:secret@h:1", "database_url": PG, "archive": "postgres"},
+            "no credentials in the URL",
+        ),
+        (
+            {"git_remote": "ext::sh -c x", "database_url": PG, "archive": "postgres"},
+            "is not a base URL",
+        ),
+    ],
+)
+def test_the_distributed_mode_refuses_a_host_it_cannot_share(
+    values: dict[str, str], why: str
+) -> None:
+    with pytest.raises(ConfigError, match=why) as raised:
+        MemorySettings(**values)
+    assert "secret" not in str(raised.value)
+
+
+@pytest.mark.postgres
+def test_settings_with_a_git_remote_build_a_stack_on_it(tmp_path: Path, postgres_url: str) -> None:
+    with git_server(tmp_path / "remote") as server:
+        database = fresh_schema_url(postgres_url)
+        stacks = [
+            stack_from_settings(
+                distributed_settings(tmp_path / name, database_url=database, git_remote=server.url)
+            )
+            for name in ("worker", "client")
+        ]
+        try:
+            worker, client = stacks
+            assert isinstance(worker.git, RemoteGitBlockStore)
+            worker.blocks.ensure_user("alice")
+            note_sha = worker.edits.apply_direct(
+                "alice", "human", AddContext(note="shared"), SERVICE
+            )
+            assert client.blocks.read_block("alice", "human").sha == note_sha
+            assert client.blocks.users() == ["alice"]  # the shared database's list
+        finally:
+            for stack in stacks:
+                stack.close()
