@@ -26,6 +26,8 @@ from durable_memory.memory.core.errors import (
 from durable_memory.memory.core.profiles import load_profile
 from durable_memory.memory.store.diffs import DiffStore
 from durable_memory.memory.store.git import RemoteGitBlockStore
+from durable_memory.memory.store.git.advertisement import main_of_advertisement
+from durable_memory.memory.store.git.refs import Unreadable
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.models.diffs import DiffStatus, Proposer
 from durable_memory.models.history import Author, AuthorKind
@@ -329,3 +331,57 @@ def test_settings_with_a_git_remote_build_a_stack_on_it(tmp_path: Path, postgres
         finally:
             for stack in stacks:
                 stack.close()
+
+
+def test_a_pinned_activity_reads_one_state_and_still_writes_on_the_newest(
+    remote: Remote, engine: Engine, tmp_path: Path
+) -> None:
+    a, b = host(remote, engine, tmp_path / "a"), host(remote, engine, tmp_path / "b")
+    a.blocks.ensure_user("alice")
+    with a.git.pinned():
+        assert notes(a, "alice") == []
+        note(b, "alice", "from b")  # another host writes meanwhile
+        assert notes(a, "alice") == []  # the activity's reads: as of its start
+        note(a, "alice", "from a")  # its write: a refused push, then a retry on fresh history
+        assert notes(a, "alice") == ["from b", "from a"]
+    assert remote_log(remote.bare("alice"), "--merges", "--format=%H", "main") == ""
+    assert len(remote.commits("alice")) == 3
+
+
+def _pkt(text: str) -> bytes:
+    return b"%04x" % (len(text) + 4) + text.encode()
+
+
+MAIN = "a" * 40
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (
+            _pkt("# service=git-upload-pack\n")
+            + b"0000"
+            + _pkt(f"{MAIN} HEAD\0caps\n")
+            + _pkt(f"{MAIN} refs/heads/main\n")
+            + b"0000",
+            MAIN,
+        ),
+        (
+            _pkt("# service=git-upload-pack\n")
+            + b"0000"
+            + _pkt(f"{'0' * 40} capabilities^{{}}\0x\n")
+            + b"0000",
+            None,
+        ),
+        (b"zzzz", Unreadable),
+        (b"00ff" + b"x" * 10, Unreadable),
+        (_pkt("../../etc refs/heads/main\n"), Unreadable),
+    ],
+    ids=["main", "empty repository", "not a pkt-line", "torn", "not a sha"],
+)
+def test_a_ref_advertisement_is_read_strictly(body: bytes, expected: object) -> None:
+    if expected is Unreadable:
+        with pytest.raises(Unreadable):
+            main_of_advertisement(body)
+    else:
+        assert main_of_advertisement(body) == expected

@@ -39,7 +39,7 @@ class RotationActivities:
 
     @activity.defn(name="dmem.plan_rotation")
     def plan_rotation(self, request: RotationInput) -> RotationTicket | None:
-        with classified_errors():
+        with classified_errors(), self.stack.git.pinned():
             plan = self.stack.rotator.plan(request.user_id, request.label, force=request.force)
             if plan is None:
                 return None
@@ -55,14 +55,14 @@ class RotationActivities:
 
     @activity.defn(name="dmem.archive_rotation")
     def archive_rotation(self, ticket: RotationTicket) -> list[str]:
-        with classified_errors():
+        with classified_errors(), self.stack.git.pinned():
             ids = self.stack.rotator.archive_step(self._plan(ticket))
             crash_point(AFTER_ARCHIVE)
             return ids
 
     @activity.defn(name="dmem.commit_rotation")
     def commit_rotation(self, commit: RotationCommit) -> str | None:
-        with classified_errors():
+        with classified_errors(), self.stack.git.pinned():
             return self.stack.rotator.commit_step(self._plan(commit.ticket), commit.passage_ids)
 
     @activity.defn(name="dmem.rotation_candidates")
@@ -72,7 +72,7 @@ class RotationActivities:
         The users are the database's list, not this worker's disk. A listed user whose
         repository is not on this worker's disk (made on another host) is skipped and logged:
         without a shared git remote, only the worker that holds it can check it."""
-        with classified_errors():
+        with classified_errors(), self.stack.git.pinned():
             found = []
             for user_id in self.stack.blocks.users():
                 if not self.stack.git.exists(user_id):

@@ -75,22 +75,22 @@ class TurnActivities:
 
     @activity.defn(name="dmem.prepare_turn")
     def prepare_turn(self, turn: TurnInput) -> PreparedTurn:
-        with classified_errors():
+        with classified_errors(), self.stack.git.pinned():
             return self.steps.prepare(turn)
 
     @activity.defn(name="dmem.call_model")
     def call_model(self, step: StepInput) -> ModelStepResult:
-        with classified_errors():
+        with classified_errors(), self.stack.git.pinned():
             return self.steps.call_model(step)
 
     @activity.defn(name="dmem.run_tools")
     def run_tools(self, step: StepInput) -> ToolStepResult:
-        with classified_errors():
+        with classified_errors(), self.stack.git.pinned():
             return self.steps.run_tools(step)
 
     @activity.defn(name="dmem.finish_turn")
     def finish_turn(self, finish: FinishInput) -> FinishedTurn:
-        with classified_errors():
+        with classified_errors(), self.stack.git.pinned():
             return self.steps.finish(finish)
 
     @activity.defn(name="dmem.decide")
@@ -99,7 +99,7 @@ class TurnActivities:
         a loser gets the winner's outcome with a message saying its own was not applied.
         Idempotent: a retry after the decision was recorded (and perhaps committed) finishes
         and returns it instead of failing."""
-        with classified_errors():
+        with classified_errors(), self.stack.git.pinned():
             review = self.stack.review
             diff = review.get(decision.diff_id, decision.user_id)
             if diff.status is DiffStatus.PENDING:
@@ -135,7 +135,7 @@ class TurnActivities:
     def expire_diffs(self, diff_ids: list[str]) -> list[DecisionOutcome]:
         """Expire a turn's undecided diffs. The ids come from the turn workflow's own state
         (the diffs its activities proposed for its user), never from a caller."""
-        with classified_errors():
+        with classified_errors(), self.stack.git.pinned():
             review = self.stack.review
             outcomes = []
             for diff_id in diff_ids:
@@ -152,5 +152,5 @@ class TurnActivities:
 
     @activity.defn(name="dmem.needs_rotation")
     def needs_rotation(self, candidate: RotationCandidate) -> bool:
-        with classified_errors():
+        with classified_errors(), self.stack.git.pinned():
             return self.stack.rotator.check(candidate.user_id, candidate.label).should_rotate

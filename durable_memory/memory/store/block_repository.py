@@ -80,6 +80,11 @@ class BlockRepository(Protocol):
 
     def users(self) -> list[str]: ...
 
+    def pinned(self) -> AbstractContextManager[None]:
+        """Within it (on this thread), each user's memory is synchronised with its source of
+        truth once; later reads see it as it was then. For the reads of one activity."""
+        ...
+
     def head_info(self, user_id: str) -> CommitInfo | None:
         """The newest commit, None before the first one."""
         ...

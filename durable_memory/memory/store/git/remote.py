@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import subprocess
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,10 +39,17 @@ from durable_memory.memory.core.errors import (
 )
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.bare_repos import ensure_bare_repository, existing_bare_repository
+from durable_memory.memory.store.git.advertisement import advertised_main
 from durable_memory.memory.store.git.commits import SAFE_GIT_CONFIG, run_git
 from durable_memory.memory.store.git.locking import user_lock
 from durable_memory.memory.store.git.recovery import recover
-from durable_memory.memory.store.git.refs import BRANCH_REF, FULL_SHA, read_git_file, read_head
+from durable_memory.memory.store.git.refs import (
+    BRANCH_REF,
+    FULL_SHA,
+    Unreadable,
+    read_git_file,
+    read_head,
+)
 from durable_memory.memory.store.git.repository import GitBlockStore
 from durable_memory.memory.store.git.snapshots import SnapshotCache
 from durable_memory.memory.store.git.transaction import RepoTransaction
@@ -135,6 +143,8 @@ class RemoteGitBlockStore(GitBlockStore):
         super().__init__(data_dir, cache)
         self.users_dir = self.data_dir / CLONES_DIR
         self.remote = remote.rstrip("/")
+        self._token = token
+        self._pins = threading.local()
         parts = urlsplit(self.remote)
         self._shared_dir = Path(unquote(parts.path)) if parts.scheme == "file" else None
         self._env = {"GIT_TERMINAL_PROMPT": "0", "GIT_ALLOW_PROTOCOL": "file:http:https"}
@@ -189,9 +199,49 @@ class RemoteGitBlockStore(GitBlockStore):
                 push=self._push,
             )
 
+    @contextlib.contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Within this block (on this thread), each user's remote is asked for its main once:
+        later transactions read the clone as it was then, as of the block's start. For one
+        activity's reads, which then see one consistent state of memory at a fraction of the
+        cost. A push refused as stale (or any write) asks the remote again."""
+        outer = getattr(self._pins, "users", None)
+        self._pins.users = {} if outer is None else outer
+        try:
+            yield
+        finally:
+            self._pins.users = outer
+
     def _sync(self, repo: git.Repo, lock: int, user_id: str) -> str | None:
-        """Fetch the remote's main and make the clone's main, index and files exactly it;
-        the remote's main (None while the user has none)."""
+        """Make the clone's main, index and files exactly the remote's main; return it (None
+        while the user has none). Asks the remote for its tip first (no git process) and
+        fetches only when the clone does not have it."""
+        pins: dict[str, str | None] | None = getattr(self._pins, "users", None)
+        git_dir = Path(repo.git_dir)
+        if pins is not None and user_id in pins and read_head(git_dir) == pins[user_id]:
+            return pins[user_id]
+        tip = self._remote_tip(user_id)
+        if tip is not None and tip == read_head(git_dir):
+            if pins is not None:
+                pins[user_id] = tip
+            return tip
+        head = self._fetch_and_reset(repo, lock, user_id)
+        if pins is not None:
+            pins[user_id] = head
+        return head
+
+    def _remote_tip(self, user_id: str) -> str | None:
+        """The remote's main as it is now, if it can be read without git (a shared directory's
+        ref file; a smart HTTP server's ref advertisement); None when not known this way."""
+        try:
+            if self._shared_dir is not None:
+                bare = existing_bare_repository(self._shared_dir, user_id)
+                return None if bare is None else read_head(bare)
+            return advertised_main(self.remote_url(user_id), self._token)
+        except Unreadable:
+            return None  # git's fetch says what is wrong
+
+    def _fetch_and_reset(self, repo: git.Repo, lock: int, user_id: str) -> str | None:
         fetched = self._network(
             lock,
             "fetch",
@@ -222,6 +272,9 @@ class RemoteGitBlockStore(GitBlockStore):
         return remote_head
 
     def _push(self, tx: RemoteTransaction, sha: str) -> None:
+        pins: dict[str, str | None] | None = getattr(self._pins, "users", None)
+        if pins is not None:  # whatever happens, the next transaction asks the remote
+            pins.pop(tx.user_id, None)
         out = self._network(
             tx.lock,
             "push",

@@ -101,6 +101,12 @@ class GitBlockStore:
             shutil.rmtree(fresh, ignore_errors=True)
 
     @contextlib.contextmanager
+    def pinned(self) -> Iterator[None]:
+        """One activity's reads in one state of memory: with local repositories, nothing to
+        do (see RemoteGitBlockStore.pinned)."""
+        yield
+
+    @contextlib.contextmanager
     def transaction(self, user_id: str, *, create: bool = False) -> Iterator[RepoTransaction]:
         """Hold the user's write lock; recover from a write interrupted by a crash."""
         path = self.repo_path(user_id)

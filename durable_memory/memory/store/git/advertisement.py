@@ -1,0 +1,74 @@
+"""A smart HTTP git server's ref advertisement (`GET <repo>/info/refs?service=git-upload-pack`),
+read in-process: the remote's main without starting git, so that a transaction whose clone is
+already up to date costs one small request. Anything unexpected is `Unreadable`, and the caller
+lets `git fetch` find out what is wrong."""
+
+import urllib.error
+import urllib.request
+
+from durable_memory.memory.core.errors import GitRemoteRefused, GitRemoteUnavailable
+from durable_memory.memory.store.git.refs import BRANCH_REF, FULL_SHA, Unreadable
+
+ADVERTISEMENT_TIMEOUT_S = 30.0
+_MAX_BYTES = 1 << 20
+_CONTENT_TYPE = "application/x-git-upload-pack-advertisement"
+
+
+def advertised_main(repository_url: str, token: str | None) -> str | None:
+    """The commit `refs/heads/main` names on the server; None if the repository is missing or
+    has no main yet."""
+    request = urllib.request.Request(
+        f"{repository_url}/info/refs?service=git-upload-pack",
+        headers={"User-Agent": "git/durable-memory"}
+        | ({"Authorization": f"Bearer {token}"} if token else {}),
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=ADVERTISEMENT_TIMEOUT_S) as response:
+            if response.headers.get_content_type() != _CONTENT_TYPE:
+                raise Unreadable(f"{repository_url} is not a smart HTTP git server")
+            body: bytes = response.read(_MAX_BYTES + 1)
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            return None
+        if error.code in (401, 403):
+            raise GitRemoteRefused(
+                f"{repository_url}: the git remote refused the token (HTTP {error.code})"
+            ) from None
+        if error.code >= 500:
+            raise GitRemoteUnavailable(
+                f"{repository_url}: the git remote is unavailable (HTTP {error.code})"
+            ) from None
+        raise Unreadable(f"HTTP {error.code}") from None
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise GitRemoteUnavailable(
+            f"{repository_url}: the git remote is unavailable: {reason}"
+        ) from None
+    if len(body) > _MAX_BYTES:
+        raise Unreadable("the ref advertisement is too large")
+    return main_of_advertisement(body)
+
+
+def main_of_advertisement(body: bytes) -> str | None:
+    """refs/heads/main in a v0 advertisement: pkt-lines (4 hex digits of length, then data)."""
+    at = 0
+    while at + 4 <= len(body):
+        try:
+            size = int(body[at : at + 4], 16)
+        except ValueError:
+            raise Unreadable("not a pkt-line") from None
+        if size == 0:  # a flush-pkt: between the service line and the refs, and at the end
+            at += 4
+            continue
+        if size < 4 or at + size > len(body):
+            raise Unreadable("a torn pkt-line")
+        line = (
+            body[at + 4 : at + size].rstrip(b"\n").split(b"\x00", 1)[0].decode("ascii", "replace")
+        )
+        at += size
+        sha, _, name = line.partition(" ")
+        if name == BRANCH_REF:
+            if not FULL_SHA.fullmatch(sha):
+                raise Unreadable(f"main is advertised as {sha[:60]!r}")
+            return sha
+    return None
