@@ -246,6 +246,37 @@ def test_a_wrong_token_is_refused_for_good_and_leaks_nothing(
         remote.close()
 
 
+def test_an_approval_on_a_host_the_remote_refuses_stays_approved_not_conflicted(
+    engine: Engine, tmp_path: Path
+) -> None:
+    remote = Remote("http", tmp_path)
+    try:
+        good = host(remote, engine, tmp_path / "good")
+        good.blocks.ensure_user("alice")
+        diff = good.review.propose("alice", "human", LearnFact(fact="f"), "r", Proposer.turn("t"))
+        misconfigured = host(remote, engine, tmp_path / "bad", token="stale-token")
+        with pytest.raises(GitRemoteRefused):
+            misconfigured.review.approve(diff.id, "ann")
+        assert good.review.get(diff.id, "alice").status is DiffStatus.PENDING  # checked first
+        good.review.approve(diff.id, "ann")  # a well-configured host decides it
+        good_diff = good.review.get(diff.id, "alice")
+        assert diff_id_commits(remote, "alice", diff.id) == [good_diff.commit_sha]
+        # An approval recorded before the refusal is finished later, never marked conflicted.
+        other = good.review.propose("alice", "human", LearnFact(fact="g"), "r", Proposer.turn("t"))
+        good.review.approve(other.id, "ann")  # committed; now record one the bad host finishes
+        third = good.review.propose("alice", "human", LearnFact(fact="h"), "r", Proposer.turn("t"))
+        DiffStore(engine).transition(
+            third.id, "alice", DiffStatus.PENDING, DiffStatus.APPROVED, decided_by="ann"
+        )
+        with pytest.raises(GitRemoteRefused):
+            misconfigured.review.finish_approvals("alice")
+        assert good.review.get(third.id, "alice").status is DiffStatus.APPROVED
+        [finished] = good.review.finish_approvals("alice")
+        assert diff_id_commits(remote, "alice", third.id) == [finished.commit_sha]
+    finally:
+        remote.close()
+
+
 def test_an_unknown_user_is_unknown_and_creates_nothing(
     remote: Remote, engine: Engine, tmp_path: Path
 ) -> None:

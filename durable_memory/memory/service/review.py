@@ -14,6 +14,7 @@ from durable_memory.memory.core.errors import (
     DecisionRefused,
     DiffAlreadyDecided,
     DurableMemoryError,
+    GitRemoteRefused,
     OperationNotApplicable,
     ReadOnlyBlock,
 )
@@ -214,7 +215,9 @@ class Review:
         try:
             return self._commit(diff)
         except DurableMemoryError as error:
-            if error.retryable:
+            if error.retryable or isinstance(error, GitRemoteRefused):
+                # Nothing about the diff: the remote is down, or refuses this host (its token,
+                # its hook). The approval stays recorded; a later attempt commits it.
                 raise
             # Final, but it cannot be applied (the edit no longer fits the block, the block
             # was edited by hand since the approval was checked, it left the profile...):

@@ -165,6 +165,8 @@ class RemoteGitBlockStore(GitBlockStore):
 
     def exists(self, user_id: str) -> bool:
         """Whether the remote holds the user's memory (a main branch)."""
+        if self._remote_tip(user_id) is not None:
+            return True
         if self._shared_dir is not None and not existing_bare_repository(self._shared_dir, user_id):
             return False
         listed = self._network(
