@@ -13,7 +13,11 @@ from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.store.bare_repos import read_git_token
 from durable_memory.memory.store.sql import is_postgres_url
 from durable_memory.models.activity_settings import SETTINGS_FILE_CONTEXT, ActivitiesSettings
-from durable_memory.models.turn import MAX_STEPS_LIMIT, WorkerTurnSettings
+from durable_memory.models.turn import (
+    DEFAULT_GIT_REMOTE_WAIT_S,
+    MAX_STEPS_LIMIT,
+    WorkerTurnSettings,
+)
 
 
 class ConfigError(DurableMemoryError):
@@ -153,6 +157,9 @@ class TurnSettings(BaseModel):
 
     approval_ttl_s: float = Field(default=7 * 24 * 3600, gt=0)
     """Undecided diffs expire after this long."""
+    git_remote_wait_s: float = Field(default=DEFAULT_GIT_REMOTE_WAIT_S, gt=0)
+    """A decision whose commit cannot reach the git remote waits (retrying with the commit
+    activity's backoff) at most this long before it is answered as not applied."""
 
 
 class RotationScheduleSettings(BaseModel):
@@ -178,6 +185,7 @@ class Settings(BaseModel):
             max_steps=self.memory.max_steps,
             approval_ttl_s=self.turn.approval_ttl_s,
             activities=self.activities,
+            git_remote_wait_s=self.turn.git_remote_wait_s,
         )
 
 

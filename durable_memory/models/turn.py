@@ -51,6 +51,8 @@ LEGACY_MAX_STEPS = 8
 LEGACY_APPROVAL_TTL_S = 7 * 24 * 3600
 """What a turn started before the worker's settings applied (patch `worker-turn-settings`)
 used when its input omitted `max_steps` / `approval_ttl_s`: replaying it must use the same."""
+DEFAULT_GIT_REMOTE_WAIT_S = 24 * 3600
+"""How long a decision waits out a git remote outage by default (`turn.git_remote_wait_s`)."""
 
 
 class WorkerTurnSettings(BaseModel):
@@ -66,10 +68,21 @@ class WorkerTurnSettings(BaseModel):
     activities: ActivitiesSettings = Field(
         description="Timeouts and retry policies of the turn's activities."
     )
+    git_remote_wait_s: float = Field(
+        default=DEFAULT_GIT_REMOTE_WAIT_S,
+        gt=0,
+        description="A decision whose commit cannot reach the git remote (unavailable, "
+        "contended) is tried again with backoff for this long, then answered as not applied. "
+        "Optional: settings recorded before it existed get the default.",
+    )
 
     @property
     def approval_ttl(self) -> timedelta:
         return timedelta(seconds=self.approval_ttl_s)
+
+    @property
+    def git_remote_wait(self) -> timedelta:
+        return timedelta(seconds=self.git_remote_wait_s)
 
 
 class TurnInput(BaseModel):

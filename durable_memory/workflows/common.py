@@ -1,5 +1,6 @@
 """What the workflows share: activity options from settings, and the search attributes."""
 
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -8,7 +9,7 @@ from temporalio.common import RetryPolicy, SearchAttributeKey
 
 from durable_memory.activities.errors import final_error_types
 from durable_memory.activities.turn import TurnActivities
-from durable_memory.models.activity_settings import ActivitySettings
+from durable_memory.models.activity_settings import ActivitySettings, RetrySettings
 from durable_memory.models.turn import WorkerTurnSettings
 
 USER_ID = SearchAttributeKey.for_keyword("DmemUserId")
@@ -24,7 +25,11 @@ SEARCH_ATTRIBUTES = (USER_ID, TURN_STATUS, PENDING_DIFFS, PROFILE, FAILED_STEP, 
 """Registered by `dmem dev` and the tests' servers; docs/operations.md for another cluster."""
 
 
-def activity_options(settings: ActivitySettings) -> dict[str, Any]:
+def activity_options(
+    settings: ActivitySettings, *, also_final: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Timeout and retry policy of an activity; `also_final` names error types the workflow
+    handles itself, which Temporal must then not retry either (they reach it at once)."""
     retry = settings.retry
     return {
         "start_to_close_timeout": timedelta(seconds=settings.start_to_close_s),
@@ -35,7 +40,7 @@ def activity_options(settings: ActivitySettings) -> dict[str, Any]:
             maximum_attempts=retry.maximum_attempts,
             # Our activities already fail these as non-retryable; naming them here as well
             # keeps a domain error final even if it escaped `classified_errors`.
-            non_retryable_error_types=final_error_types(),
+            non_retryable_error_types=[*final_error_types(), *also_final],
         ),
     }
 
@@ -56,3 +61,13 @@ async def worker_settings(summary: str) -> WorkerTurnSettings:
         start_to_close_timeout=WORKER_SETTINGS_TIMEOUT,
         retry_policy=WORKER_SETTINGS_RETRY,
     )
+
+
+def backoff_delays(retry: RetrySettings, longest: timedelta) -> Iterator[timedelta]:
+    """The waits between attempts that a workflow retries itself, spaced as Temporal spaces
+    an activity's: `initial_interval_s`, growing by `backoff`, at most `longest`. Endless:
+    the caller bounds the attempts."""
+    delay = timedelta(seconds=retry.initial_interval_s)
+    while True:
+        yield min(delay, longest)
+        delay = min(delay * retry.backoff, longest)

@@ -26,7 +26,7 @@ types; `decision_queue`: the queue and its answers).
 """
 
 import contextlib
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from temporalio import workflow
@@ -36,7 +36,12 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 with workflow.unsafe.imports_passed_through():
     from durable_memory.activities.turn import TurnActivities
     from durable_memory.memory.agent.steps import turn_reply
-    from durable_memory.memory.core.errors import DurableMemoryError, short_message
+    from durable_memory.memory.core.errors import (
+        DurableMemoryError,
+        GitRemoteContended,
+        GitRemoteUnavailable,
+        short_message,
+    )
     from durable_memory.memory.store.git import validate_author_name
     from durable_memory.models.activity_settings import ActivitiesSettings
     from durable_memory.models.diffs import DiffStatus
@@ -67,6 +72,7 @@ with workflow.unsafe.imports_passed_through():
         TURN_STATUS,
         USER_ID,
         activity_options,
+        backoff_delays,
         worker_settings,
     )
     from durable_memory.workflows.decision_queue import DecisionQueue, QueuedDecision
@@ -81,7 +87,12 @@ with workflow.unsafe.imports_passed_through():
         is_own_outcome,
         step_failure,
     )
-    from durable_memory.workflows.turn_details import TurnDetails, diff_markdown, render_details
+    from durable_memory.workflows.turn_details import (
+        GitRemoteWait,
+        TurnDetails,
+        diff_markdown,
+        render_details,
+    )
 
 ANSWER_BEFORE_ROTATION_CHECK = "answer-decision-before-rotation-check"
 """Patch: a decision's Update is answered once its commit exists; the rotation check after
@@ -98,6 +109,23 @@ WORKER_TURN_SETTINGS = "worker-turn-settings"
 """Patch: the turn's step limit, approval TTL and activity options are the worker's
 configuration (the `dmem.turn_settings` local activity), lowered where the caller asked. A
 turn started before it runs on with what its input carried (or the defaults it had then)."""
+
+GIT_REMOTE_WAIT = "wait-for-git-remote"
+"""Patch: a decision whose commit meets a git remote outage (the failure types below, not
+retried by Temporal then) is tried again by the turn with backoff, shown in its details, for
+at most `git_remote_wait_s`, before it is answered as not applied. Turns before it answered
+"not applied" once the commit activity's own retries ran out."""
+
+GIT_REMOTE_OUTAGE = (GitRemoteUnavailable.__name__, GitRemoteContended.__name__)
+"""The decide activity's failure types that the turn waits out (see the patch)."""
+
+MAX_GIT_REMOTE_WAIT_ROUNDS = 500
+"""Attempts a whole git remote wait takes at most (about 11 history events each): the
+longest interval between two grows past the commit retry's maximum when `git_remote_wait_s`
+would otherwise need more, so a long wait cannot push the turn's history toward Temporal's
+limits (a warning at 10,240 events, the workflow terminated at 51,200)."""
+
+MIN_TIMER = timedelta(milliseconds=1)
 
 RECENT_REJECTIONS = 10
 
@@ -128,6 +156,11 @@ class TurnWorkflow:
         self._previews: dict[str, DiffPreview] = {}
         self._rejected = 0
         self._recent_rejections: list[str] = []
+        self._git_remote_down_since: datetime | None = None
+        """When the decisions applied since the queue was last empty first met a git remote
+        outage: the wait's bound counts from here, so decisions queued behind one that gave up
+        do not each wait the whole bound again."""
+        self._git_remote_wait: GitRemoteWait | None = None
 
     # -- the turn --------------------------------------------------------------------------
 
@@ -296,6 +329,7 @@ class TurnWorkflow:
             # deadline; leaving one queued would keep its Update (and this workflow) waiting.
             while self._decisions:
                 await self._apply(turn, self._decisions.pop())
+            self._git_remote_down_since = None  # a later decision waits an outage out anew
             if workflow.now() >= deadline:
                 break
         if self._open:
@@ -321,12 +355,7 @@ class TurnWorkflow:
             return
         self._set_status(TurnStatus.COMMITTING)
         try:
-            outcome = await workflow.execute_activity_method(
-                TurnActivities.decide,
-                decision,
-                summary=f"{decision.decision} {decision.diff_id[:8]} by {decision.approver}",
-                **activity_options(self._activities.commit),
-            )
+            outcome = await self._decide(decision)
         except ActivityError as error:
             self._set_status(TurnStatus.AWAITING_APPROVAL)
             cause = error.cause.message if isinstance(error.cause, FailureError) else str(error)
@@ -344,6 +373,72 @@ class TurnWorkflow:
         self._set_status(TurnStatus.AWAITING_APPROVAL)
         if not early:
             self._answer(queued, answer)
+
+    async def _decide(self, decision: DiffDecision) -> DecisionOutcome:
+        """The `decide` activity's outcome; under the patch, a git remote outage is waited
+        out (see GIT_REMOTE_WAIT). Raises the activity's failure when it stays failed."""
+        summary = f"{decision.decision} {decision.diff_id[:8]} by {decision.approver}"
+        commit = self._activities.commit
+        if not workflow.patched(GIT_REMOTE_WAIT):
+            return await workflow.execute_activity_method(
+                TurnActivities.decide, decision, summary=summary, **activity_options(commit)
+            )
+        options = activity_options(commit, also_final=GIT_REMOTE_OUTAGE)
+        delays = backoff_delays(commit.retry, self._longest_git_remote_delay())
+        attempt = 0
+        try:
+            while True:
+                attempt += 1
+                try:
+                    outcome = await workflow.execute_activity_method(
+                        TurnActivities.decide, decision, summary=summary, **options
+                    )
+                except ActivityError as error:
+                    await self._wait_for_git_remote(error, summary, attempt, next(delays))
+                else:
+                    self._git_remote_down_since = None
+                    return outcome
+        finally:
+            if self._git_remote_wait is not None:
+                self._git_remote_wait = None
+                self._show_details()
+
+    def _longest_git_remote_delay(self) -> timedelta:
+        """The commit retry's maximum interval, or longer if the whole wait would otherwise
+        take more than MAX_GIT_REMOTE_WAIT_ROUNDS attempts."""
+        assert self._settings is not None
+        retry = self._activities.commit.retry
+        return max(
+            timedelta(seconds=retry.maximum_interval_s),
+            self._settings.git_remote_wait / MAX_GIT_REMOTE_WAIT_ROUNDS,
+        )
+
+    async def _wait_for_git_remote(
+        self, failed: ActivityError, summary: str, attempt: int, delay: timedelta
+    ) -> None:
+        """Sleep before the next attempt of a decision the git remote failed, showing why in
+        the details; re-raise `failed` if it is no outage or the wait's bound has passed."""
+        assert self._settings is not None
+        cause = failed.cause
+        if not (isinstance(cause, ApplicationError) and cause.type in GIT_REMOTE_OUTAGE):
+            raise failed
+        now = workflow.now()
+        since = self._git_remote_down_since = self._git_remote_down_since or now
+        gives_up_at = since + self._settings.git_remote_wait
+        if now >= gives_up_at:
+            raise failed
+        # The last attempt comes at the bound itself; a timer needs a positive duration.
+        delay = max(min(delay, gives_up_at - now), MIN_TIMER)
+        self._git_remote_wait = GitRemoteWait(
+            decision=summary,
+            since=since,
+            attempt=attempt,
+            last_error=cause.message,
+            next_attempt_at=now + delay,
+            gives_up_at=gives_up_at,
+        )
+        self._show_details()
+        await workflow.sleep(delay, summary=f"waiting for git remote: {summary}")
 
     def _judge(self, decision: DiffDecision, outcome: DecisionOutcome) -> DecisionAnswer:
         """Record what the store says became of the diff, and what to answer its decider:
@@ -453,6 +548,7 @@ class TurnWorkflow:
             failure=self._failure.message if self._failure else None,
             rejected_signals=self._recent_rejections,
             rejected_count=self._rejected,
+            git_remote_wait=self._git_remote_wait,
         )
         workflow.set_current_details(render_details(details))
 

@@ -38,11 +38,13 @@ def escape_markdown(text: str) -> str:
     return "".join(f"\\{c}" if c in _MARKDOWN_SPECIALS else c for c in text)
 
 
-def _when(at: datetime | None) -> str:
-    if at is None:
-        return ""
+def _utc(at: datetime) -> str:
     utc = at.astimezone(UTC) if at.tzinfo else at.replace(tzinfo=UTC)
-    return f" at {utc:%Y-%m-%d %H:%M:%S} UTC"
+    return f"{utc:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def _when(at: datetime | None) -> str:
+    return f" at {_utc(at)}" if at is not None else ""
 
 
 def _reason(outcome: DecisionOutcome) -> str:
@@ -102,6 +104,34 @@ def _fenced(text: str) -> str:
 
 
 @dataclass(frozen=True)
+class GitRemoteWait:
+    """A decision whose commit waits out a git remote outage (unavailable or contended)."""
+
+    decision: str
+    """What waits, as the decide activity's summary says it: `approve 1a2b3c4d by ms-rivera`."""
+    since: datetime
+    attempt: int
+    """Attempts failed so far."""
+    last_error: str
+    next_attempt_at: datetime
+    gives_up_at: datetime
+    """After this the decision is answered as not applied (`turn.git_remote_wait_s`)."""
+
+
+WAITING_FOR_GIT_REMOTE = "waiting for git remote"
+"""What the details say first while a decision waits out a git remote outage."""
+
+
+def git_remote_wait_markdown(wait: GitRemoteWait) -> str:
+    return (
+        f"**{WAITING_FOR_GIT_REMOTE}** since {_utc(wait.since)}: "
+        f"{escape_markdown(wait.decision)}, attempt {wait.attempt} failed: "
+        f"{escape_markdown(cut_at_word(wait.last_error, 300))}. Next attempt at "
+        f"{_utc(wait.next_attempt_at)}; given up at {_utc(wait.gives_up_at)}."
+    )
+
+
+@dataclass(frozen=True)
 class TurnDetails:
     """What the turn's current details are rendered from."""
 
@@ -111,6 +141,7 @@ class TurnDetails:
     failure: str | None = None
     rejected_signals: list[str] = field(default_factory=list)
     rejected_count: int = 0
+    git_remote_wait: GitRemoteWait | None = None
 
 
 def _counts(details: TurnDetails) -> str:
@@ -123,11 +154,14 @@ def _counts(details: TurnDetails) -> str:
 
 
 def render_details(details: TurnDetails) -> str:
-    """The turn's current details: failure (if any), then every diff with its live status,
-    and previews of the pending ones while they fit in DETAILS_LIMIT."""
+    """The turn's current details: failure (if any), the git remote outage a decision waits
+    out (if any), then every diff with its live status, and previews of the pending ones
+    while they fit in DETAILS_LIMIT."""
     head: list[str] = []
     if details.failure:
         head.append(f"**Turn failed**: {escape_markdown(details.failure)}")
+    if details.git_remote_wait is not None:
+        head.append(git_remote_wait_markdown(details.git_remote_wait))
     if details.diffs:
         head.append(f"{HEADING}\n\n{_counts(details)}")
     tail: list[str] = []
