@@ -14,6 +14,10 @@ task that fails and retries forever. Decisions are serialised through one `Decis
 each is decided again when its turn comes: the loser of a race gets `DiffAlreadyDecided` with
 the real outcome (status, commit, who decided), never the winner's outcome as its own.
 
+A decision whose commit cannot reach the git remote (unavailable, contended) is not answered
+at once: the turn says "waiting for git remote" in its details and tries again with backoff,
+for at most the worker's `git_remote_wait_s` (patch `wait-for-git-remote`).
+
 A step that fails for good (retries exhausted or non-retryable) ends the turn with a short
 `TurnFailed` error naming the step; the `reply` Update and the workflow result carry it.
 Diffs the failed turn had proposed are expired (nobody was shown them in a reply), so none
@@ -120,7 +124,7 @@ GIT_REMOTE_OUTAGE = (GitRemoteUnavailable.__name__, GitRemoteContended.__name__)
 """The decide activity's failure types that the turn waits out (see the patch)."""
 
 MAX_GIT_REMOTE_WAIT_ROUNDS = 500
-"""Attempts a whole git remote wait takes at most (about 11 history events each): the
+"""About the most attempts a whole git remote wait takes (some 11 history events each): the
 longest interval between two grows past the commit retry's maximum when `git_remote_wait_s`
 would otherwise need more, so a long wait cannot push the turn's history toward Temporal's
 limits (a warning at 10,240 events, the workflow terminated at 51,200)."""
