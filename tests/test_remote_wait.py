@@ -9,6 +9,7 @@ itself end to end on a real worker whose git server is stopped and restarted.
 
 import asyncio
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,7 +31,20 @@ from durable_memory.models.turn import (
 )
 from durable_memory.workflows.turn import TurnWorkflow
 from durable_memory.workflows.turn_details import WAITING_FOR_GIT_REMOTE
-from tests.support.temporal_helpers import current_details, time_skipping
+from tests.support.agent_helpers import edit_block
+from tests.support.distributed import (
+    distributed_settings,
+    git_server,
+    remote_log,
+    restart_git_server,
+)
+from tests.support.postgres import fresh_schema_url
+from tests.support.temporal_helpers import (
+    current_details,
+    running_rig,
+    time_skipping,
+    turn_outcome,
+)
 from tests.test_turn_workflow_unit import StandInActivities, _decision, _diff_id, started_turn
 
 
@@ -103,11 +117,15 @@ async def test_the_wait_is_bounded_then_the_decision_is_answered_as_not_applied(
     stand_ins = RemoteDownActivities(model_steps=[1, 0], settings=hour)
     async with started_turn(time_skipping_env, stand_ins) as handle:
         await handle.execute_update("reply", result_type=TurnReply)
+        approval = asyncio.create_task(
+            handle.execute_update("decide", _decision(1, "approve"), result_type=DecisionOutcome)
+        )
+        # Skipping time only once the decision is being applied: skipped before the Update
+        # reaches the turn, the approval window would close first.
+        await _details_saying(handle, WAITING_FOR_GIT_REMOTE)
         async with time_skipping(time_skipping_env):
             with pytest.raises(WorkflowUpdateFailedError) as refused:
-                await handle.execute_update(
-                    "decide", _decision(1, "approve"), result_type=DecisionOutcome
-                )
+                await approval
             waited = stand_ins.decides
         outcome: TurnOutcome = await handle.result()
         details = await current_details(handle)
@@ -178,3 +196,57 @@ async def test_decisions_taken_in_time_outlast_the_expiry_deadline(
         _diff_id(2): DiffStatus.REJECTED,
         _diff_id(3): DiffStatus.EXPIRED,
     }
+
+
+ONE_EDIT: list[dict[str, Any]] = [
+    {
+        "content": [
+            {"type": "text", "text": "Noting your name."},
+            edit_block("student", field="name", operation="set", value="Alice"),
+        ]
+    },
+    {"text": "Welcome, Alice."},
+]
+
+
+def _commits_carrying(bare: Path, diff_id: str) -> list[str]:
+    """The commits on the remote's main whose Diff-Id trailer is `diff_id`."""
+    log = remote_log(bare, "main", "--format=%H %(trailers:key=Diff-Id,valueonly,separator=)")
+    return [line.split()[0] for line in log.splitlines() if line.endswith(f" {diff_id}")]
+
+
+@pytest.mark.postgres
+async def test_an_approval_waits_for_a_stopped_git_server_and_commits_once_it_is_back(
+    temporal_env: WorkflowEnvironment, postgres_url: str, tmp_path: Path
+) -> None:
+    root = tmp_path / "remote"
+    with git_server(root) as server:
+        settings = distributed_settings(
+            tmp_path / "data",
+            database_url=fresh_schema_url(postgres_url),
+            git_remote=server.url,
+        )
+        bare = root / "alice.git"
+        async with running_rig(temporal_env.client, settings, ONE_EDIT) as rig:
+            reply = await rig.client.send_message("alice", "Hi, I'm Alice", turn_id="t1")
+            (diff,) = reply.diffs
+            handle = temporal_env.client.get_workflow_handle(reply.workflow_id)
+            server.stop()
+            approval = asyncio.create_task(rig.client.approve(diff.id, "ms-rivera"))
+            details = await _details_saying(handle, WAITING_FOR_GIT_REMOTE)
+            assert "GitRemoteUnavailable" in details
+            assert await handle.query(TurnWorkflow.status) == TurnStatus.COMMITTING
+            assert not approval.done()  # the Update waits
+            assert _commits_carrying(bare, diff.id) == []  # nothing reached the remote
+            restarted = restart_git_server(server, root)
+            try:
+                approved = await approval
+                outcome = await turn_outcome(rig.client, "alice", "t1")
+                details = await current_details(handle)
+            finally:
+                restarted.stop()
+    assert approved is not None
+    assert approved.status is DiffStatus.APPROVED
+    assert _commits_carrying(bare, diff.id) == [approved.commit_sha]
+    assert outcome.status is TurnStatus.DONE
+    assert WAITING_FOR_GIT_REMOTE not in details
