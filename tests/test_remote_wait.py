@@ -19,7 +19,12 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.config import Settings
-from durable_memory.memory.core.errors import GitRemoteRefused, GitRemoteUnavailable
+from durable_memory.memory.core.errors import (
+    DurableMemoryError,
+    GitRemoteContended,
+    GitRemoteRefused,
+    GitRemoteUnavailable,
+)
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.turn import (
     DecisionOutcome,
@@ -84,10 +89,13 @@ async def _details_saying(handle: WorkflowHandle[Any, Any], text: str) -> str:
     raise AssertionError(f"the details never said {text!r}:\n{details}")
 
 
+@pytest.mark.parametrize("outage", [GitRemoteUnavailable, GitRemoteContended])
 async def test_an_outage_is_waited_out_and_the_approval_completes(
-    time_skipping_env: WorkflowEnvironment,
+    time_skipping_env: WorkflowEnvironment, outage: type[DurableMemoryError]
 ) -> None:
-    stand_ins = RemoteDownActivities(model_steps=[1, 0], failing_decides=3)
+    stand_ins = RemoteDownActivities(
+        model_steps=[1, 0], failing_decides=3, failure_type=outage.__name__
+    )
     async with started_turn(time_skipping_env, stand_ins) as handle:
         await handle.execute_update("reply", result_type=TurnReply)
         approval = asyncio.create_task(
