@@ -34,7 +34,7 @@ from durable_memory.models.turn import (
     TurnStatus,
     WorkerTurnSettings,
 )
-from durable_memory.workflows.turn import TurnWorkflow
+from durable_memory.workflows.turn import MAX_GIT_REMOTE_WAIT_ROUNDS, TurnWorkflow
 from durable_memory.workflows.turn_details import WAITING_FOR_GIT_REMOTE
 from tests.support.agent_helpers import edit_block
 from tests.support.distributed import (
@@ -145,12 +145,34 @@ async def test_the_wait_is_bounded_then_the_decision_is_answered_as_not_applied(
     # 1, 2, 4 ... 32 s, then every 60 s (the commit retry's maximum) up to the hour: about
     # 65 attempts, however long the activities took, and never more.
     assert 60 <= waited <= 70
-    # The diff stayed open (approving again would have tried once more) until the window
+    # The diff stayed open (approving again would have started a new wait) until the window
     # closed; nothing waits any more.
     assert stand_ins.decides == waited
     assert stand_ins.calls[-1] == ("expire_diffs", [_diff_id(1)])
     assert outcome.status is TurnStatus.EXPIRED
     assert WAITING_FOR_GIT_REMOTE not in details
+
+
+async def test_a_whole_default_wait_keeps_the_history_far_from_temporals_limits(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """24 hours at the commit retry's 60 s would be some 1,440 attempts and 16,000 events;
+    the intervals stretch so that the whole wait takes about MAX_GIT_REMOTE_WAIT_ROUNDS."""
+    stand_ins = RemoteDownActivities(model_steps=[1, 0])
+    async with started_turn(time_skipping_env, stand_ins) as handle:
+        await handle.execute_update("reply", result_type=TurnReply)
+        approval = asyncio.create_task(
+            handle.execute_update("decide", _decision(1, "approve"), result_type=DecisionOutcome)
+        )
+        await _details_saying(handle, WAITING_FOR_GIT_REMOTE)
+        async with time_skipping(time_skipping_env):
+            with pytest.raises(WorkflowUpdateFailedError):
+                await approval
+        events = len((await handle.fetch_history()).events)
+        await handle.result()  # the approval window closes: the diff expires
+    # 1, 2 ... 128 s, then every 172.8 s (a 500th of the day): 508 attempts, 5,648 events.
+    assert stand_ins.decides <= MAX_GIT_REMOTE_WAIT_ROUNDS + 10
+    assert events < 6_000  # Temporal warns at 10,240 events and terminates at 51,200
 
 
 async def test_a_final_git_error_is_not_waited_out(
