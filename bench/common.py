@@ -101,10 +101,23 @@ def latencies(fn: Callable[[str], object], items: list[str], runs: int) -> tuple
     return statistics.median(p50s), statistics.median(p95s)
 
 
-def _proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system) a live process has used, from /proc."""
+def _proc_cpu(pid: int, with_children: bool = False) -> float:
+    """CPU seconds (user + system) a live process has used, from /proc; `with_children` adds
+    the children it has waited for (a worker's or the git server's git processes)."""
     after_name = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()
-    return (int(after_name[11]) + int(after_name[12])) / os.sysconf("SC_CLK_TCK")
+    # After the name: state is field 3, so utime, stime, cutime, cstime (14-17) sit at 11-14.
+    ticks = after_name[11:15] if with_children else after_name[11:13]
+    return sum(int(t) for t in ticks) / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree_cpu(pid: int) -> float:
+    """CPU seconds of a live process and of the children it has reaped."""
+    return _proc_cpu(pid, with_children=True)
+
+
+def dev_server_pids() -> list[int]:
+    """The Temporal dev server(s) this process started."""
+    return _children_named("temporal")
 
 
 def _children_named(name: str) -> list[int]:
@@ -133,7 +146,7 @@ class CpuMeter:
         return {
             "worker": own.user + own.system,
             "git": own.children_user + own.children_system,
-            "server": sum(_proc_cpu(pid) for pid in _children_named("temporal")),
+            "server": sum(_proc_cpu(pid) for pid in dev_server_pids()),
             "model": _proc_cpu(self.model_pid),
         }
 

@@ -35,6 +35,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from bench.archive_search import RandomVectors, zipf_texts, zipf_vocabulary
 from bench.common import bench_settings, describe, machine, model_server_process
 from bench.floor import FloorDecisionWorkflow, FloorInput, FloorTurnWorkflow
+from bench.processes import start_until_polling, stop_worker
 from durable_memory.bootstrap import stack_from_settings
 from durable_memory.client import MemoryClient
 from durable_memory.config import Settings
@@ -46,7 +47,7 @@ from durable_memory.models.turn import SweepInput
 from durable_memory.workers.dev_server import start_dev_server
 from durable_memory.workers.worker import ACTIVITY_THREADS
 from durable_memory.workflows.rotation import RotationSweepWorkflow
-from tests.support.worker_process import spawn_worker, start_until_polling, stop_worker
+from tests.support.worker_process import spawn_worker
 
 BACKEND = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
 CONCURRENCY = 10

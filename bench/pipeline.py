@@ -54,13 +54,13 @@ from durable_memory.workers.worker import (
 Turn = Callable[[int, str], Awaitable[None]]
 
 
-async def _ms(action: Awaitable[Any]) -> float:
+async def timed_ms(action: Awaitable[Any]) -> float:
     t = time.perf_counter()
     await action
     return (time.perf_counter() - t) * 1000
 
 
-def _line(name: str, ours: list[float], floor: list[float]) -> dict[str, Any]:
+def ratio_line(name: str, ours: list[float], floor: list[float]) -> dict[str, Any]:
     o50, o95 = p50_p95(ours)
     f50, f95 = p50_p95(floor)
     print(
@@ -79,7 +79,7 @@ def _line(name: str, ours: list[float], floor: list[float]) -> dict[str, Any]:
     }
 
 
-async def _breakdown(client: Client, user: str) -> dict[str, float]:
+async def activity_times(client: Client, user: str) -> dict[str, float]:
     """Where a turn's time goes: each activity's run time, from the turn's own history."""
     last = [w async for w in client.list_workflows(f"DmemUserId = '{user}'", limit=1)]
     history = await client.get_workflow_handle(last[0].id).fetch_history()
@@ -104,7 +104,7 @@ async def _breakdown(client: Client, user: str) -> dict[str, float]:
     return spent
 
 
-async def _streams(turn: Turn, prefix: str, users: int, per_user: int) -> float:
+async def turns_per_second(turn: Turn, prefix: str, users: int, per_user: int) -> float:
     """Turns per second: `users` conversations at once, each `per_user` turns in a row."""
 
     async def conversation(u: int) -> None:
@@ -129,7 +129,7 @@ async def _throughput(
             await asyncio.to_thread(stack.blocks.ensure_user, f"{prefix}u{u}")
         before = meter.read()
         rates[side].append(
-            await _streams(ours if side == "ours" else floor, prefix, users, per_user)
+            await turns_per_second(ours if side == "ours" else floor, prefix, users, per_user)
         )
         spent = CpuMeter.per_turn(before, meter.read(), turns)
         cpu[side] = {k: cpu.get(side, {}).get(k, 0.0) + v / 2 for k, v in spent.items()}
@@ -198,10 +198,10 @@ async def main_async(turns: int, user_counts: list[int], leg_turns: int, out: Pa
                 await floor_turn(-1)
             ours, floor = [], []
             for i in range(turns):  # interleaved, so both see the same machine state
-                ours.append(await _ms(our_turn(i)))
-                floor.append(await _ms(floor_turn(i)))
-            results["turn_reply"] = _line("turn: start -> reply", ours, floor)
-            results["turn_breakdown"] = await _breakdown(env.client, "bench")
+                ours.append(await timed_ms(our_turn(i)))
+                floor.append(await timed_ms(floor_turn(i)))
+            results["turn_reply"] = ratio_line("turn: start -> reply", ours, floor)
+            results["turn_breakdown"] = await activity_times(env.client, "bench")
 
             # Approval -> commit visible, against an Update round trip + a plain git commit.
             stack.blocks.ensure_user("floor")
@@ -219,7 +219,7 @@ async def main_async(turns: int, user_counts: list[int], leg_turns: int, out: Pa
                 await handle.execute_update(FloorDecisionWorkflow.decide, i)
                 await asyncio.to_thread(plain_git_commit, repo, f'name = "floor {i}"\n')
                 floor.append((time.perf_counter() - t) * 1000)
-            results["approval_commit"] = _line("approval -> commit visible", ours, floor)
+            results["approval_commit"] = ratio_line("approval -> commit visible", ours, floor)
 
             meter = CpuMeter(model_pid)
             results["throughput"] = [

@@ -3,16 +3,14 @@
 import os
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
 
 import yaml
 from temporalio.testing import WorkflowEnvironment
 
+from bench.processes import start_until_polling, stop_worker
 from durable_memory.config import Settings
 from durable_memory.models.activity_settings import (
     ActivitiesSettings,
@@ -76,41 +74,6 @@ def _turn_config_file(settings: Settings) -> Path:
     }
     config.write_text(yaml.safe_dump(turn), encoding="utf-8")
     return config
-
-
-def start_until_polling(
-    argv: list[str], env: dict[str, str], cwd: Path, log: Path | None = None
-) -> subprocess.Popen[str]:
-    """Start a worker process and return once it says it polls its task queue. Its stderr is
-    drained in a thread, so a chatty worker never blocks on a full pipe; with `log`, every
-    line is appended there, for a test that must show what its workers said."""
-    process = subprocess.Popen(argv, env=env, text=True, stderr=subprocess.PIPE, cwd=cwd)
-    assert process.stderr is not None
-    sink = open(log, "a", encoding="utf-8") if log else None  # noqa: SIM115 (the drain closes it)
-    deadline = time.monotonic() + 60
-    for line in process.stderr:
-        if sink:
-            sink.write(line)
-        if "worker on task queue" in line or time.monotonic() > deadline:
-            break
-    threading.Thread(target=_drain, args=(process.stderr, sink), daemon=True).start()
-    return process
-
-
-def _drain(stream: IO[str], sink: IO[str] | None) -> None:
-    if sink is None:
-        stream.read()
-        return
-    with sink:
-        for line in stream:
-            sink.write(line)
-            sink.flush()
-
-
-def stop_worker(process: subprocess.Popen[str]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        process.wait(30)
 
 
 @contextmanager
