@@ -212,7 +212,7 @@ class CpuByProcess:
 
 async def throughput(
     sides: dict[str, Turn],
-    prepare: Callable[[str], None],
+    prepare: Callable[[str], object],
     meter: CpuByProcess,
     users: int,
     total: int,

@@ -6,7 +6,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 POLLING = "worker on task queue"
 """The line a worker (ours or the floor's) writes to stderr once it polls its task queue."""
@@ -41,7 +41,7 @@ def _drain(stream: IO[str], sink: IO[str] | None) -> None:
             sink.flush()
 
 
-def stop_worker(process: subprocess.Popen[str]) -> None:
+def stop_worker(process: subprocess.Popen[Any]) -> None:
     if process.poll() is None:
         process.terminate()
         process.wait(30)
