@@ -33,20 +33,27 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
-# Every benchmark beside its floor (about 10 minutes on 2 cores), then the plots in docs/.
+# Every benchmark beside its floor (about 15 minutes on 2 cores), then the plots in docs/.
+# The distributed one runs under pg_virtualenv (Debian's postgresql-common): a throwaway
+# PostgreSQL cluster on loopback for the length of the run.
 bench: $(STAMP)
+	scripts/ensure-postgres
 	mkdir -p bench/results
 	$(BIN)/python -m bench.pipeline --out bench/results/pipeline.json
 	$(BIN)/python -m bench.context_compile --out bench/results/context_compile.json
 	$(BIN)/python -m bench.archive_search --out bench/results/archive_search.json
 	$(BIN)/python -m bench.recall_search --out bench/results/recall_search.json
 	$(BIN)/python -m bench.memory --out bench/results/memory.json
+	pg_virtualenv -o max_connections=200 \
+		$(BIN)/python -m bench.distributed --out bench/results/distributed.json
 	$(BIN)/python -m bench.plots
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
 
-# The pictures of docs/architecture.md from their sources beside them (dot: Debian's graphviz).
+# The pictures of docs/architecture.md and docs/deploy.md from their sources beside them
+# (dot: Debian's graphviz).
 docs-images: $(STAMP)
 	dot -Tpng -Gdpi=110 docs/layers.dot -o docs/layers.png
+	dot -Tpng -Gdpi=110 docs/deploy.dot -o docs/images/deploy-hosts.png
 	$(BIN)/python docs/turn_sequence.py
