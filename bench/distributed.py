@@ -15,7 +15,7 @@ in the order two, one, one, two (throughput), so neither gets the warmer machine
 PostgreSQL comes from Debian's packages: run under `pg_virtualenv` (a throwaway cluster on
 loopback, `make bench` does it) or give --database-url.
 
-    pg_virtualenv .venv/bin/python -m bench.distributed [--turns 30] [--users 50]
+    pg_virtualenv .venv/bin/python -m bench.distributed [--turns 20] [--users 50]
                                                         [--leg-turns 100] [--out results.json]
 """
 
@@ -237,6 +237,7 @@ async def throughput(
             before = meter.read()
             rates[side].append(await turns_per_second(sides[side], prefix, users, per_user))
             after = meter.read()
+            print(f"   leg {n + 1}/{len(order)}, {side}: {rates[side][-1]:.1f} turns/s")
             for name in before:
                 spent = (after[name] - before[name]) * 1000 / turns / 2
                 cpu[side][name] = cpu[side].get(name, 0.0) + spent
@@ -331,7 +332,7 @@ async def main_async(args: argparse.Namespace) -> None:
     info = machine()
     print(f"machine: {describe(info)}")
     database_url = args.database_url or database_url_from_env()
-    results: dict[str, Any] = {"machine": info}
+    results: dict[str, Any] = {"machine": info, "load_average_at_start": os.getloadavg()}
     with ExitStack() as resources:
         scratch = Path(resources.enter_context(tempfile.TemporaryDirectory()))
         model_url, model_pid = resources.enter_context(model_server_process())
@@ -346,9 +347,9 @@ async def main_async(args: argparse.Namespace) -> None:
             "git_remote": remote,
             "git_token_file": scratch / "git-token",
         }
-        base = bench_settings(scratch / "client")
+        base = bench_settings(scratch / "temporal")  # the dev server's own "host"
+        env = await start_dev_server(base)
         settings = host_settings(base, scratch / "client", ONE, **shared)
-        env = await start_dev_server(settings)
         temporal = env.client.service_client.config.target_host
         stack = stack_from_settings(settings)  # creates the schema before any worker starts
         hosts = {"worker-one": ONE, "worker-two-a": TWO, "worker-two-b": TWO}
@@ -392,13 +393,19 @@ async def main_async(args: argparse.Namespace) -> None:
                 stop_worker(process)
             stack.close()
             await env.shutdown()
+    # The machine is shared (two cores): a run beside other work says so in its figures.
+    results["load_average_at_end"] = os.getloadavg()
+    print(
+        f"load average at start {results['load_average_at_start'][0]:.1f}, at end "
+        f"{results['load_average_at_end'][0]:.1f}"
+    )
     if args.out:
         args.out.write_text(json.dumps(results, indent=1), encoding="utf-8")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--turns", type=int, default=30, help="latency samples of each kind")
+    parser.add_argument("--turns", type=int, default=20, help="latency samples of each kind")
     parser.add_argument("--users", type=int, default=50, help="concurrent users, throughput")
     parser.add_argument("--leg-turns", type=int, default=100, help="turns per throughput leg")
     parser.add_argument("--database-url", help="PostgreSQL (default: pg_virtualenv's PG*)")
