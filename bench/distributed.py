@@ -15,8 +15,8 @@ in the order two, one, one, two (throughput), so neither gets the warmer machine
 PostgreSQL comes from Debian's packages: run under `pg_virtualenv` (a throwaway cluster on
 loopback, `make bench` does it) or give --database-url.
 
-    pg_virtualenv .venv/bin/python -m bench.distributed [--turns 20] [--users 50]
-                                                        [--leg-turns 100] [--out results.json]
+    pg_virtualenv -t .venv/bin/python -m bench.distributed [--turns 20] [--users 50]
+                                                           [--leg-turns 100] [--out results.json]
 """
 
 import argparse
