@@ -22,6 +22,7 @@ loopback, `make bench` does it) or give --database-url.
 import argparse
 import asyncio
 import concurrent.futures
+import functools
 import json
 import os
 import secrets
@@ -55,11 +56,14 @@ from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.client import MemoryClient
 from durable_memory.config import MemorySettings, Settings, TemporalSettings
 from durable_memory.demo import free_port
+from durable_memory.memory.store.git.remote import CLONES_DIR
 from durable_memory.workers.dev_server import start_dev_server
 from durable_memory.workers.worker import ACTIVITY_THREADS
 
 ONE, TWO, FLOOR = "bench-one", "bench-two", "bench-floor"
 """The task queues: one worker alone, two workers together, the floor worker."""
+WORKER_QUEUES = {"worker-one": ONE, "worker-two-a": TWO, "worker-two-b": TWO}
+"""Our workers (each named as its data dir) and their task queues."""
 
 
 def database_url_from_env() -> str:
@@ -189,6 +193,14 @@ def commits_with_diff_id(bare: Path) -> int:
     return sum(1 for line in out.splitlines() if line.strip())
 
 
+def clones_by_worker(data_dirs: dict[str, Path]) -> dict[str, int]:
+    """How many users each worker holds a clone of (its cache, `<data_dir>/clones/`)."""
+    return {
+        name: sum(1 for _ in (data_dir / CLONES_DIR).glob("*/.git"))
+        for name, data_dir in data_dirs.items()
+    }
+
+
 class CpuByProcess:
     """CPU seconds by "host": this process (the client), the dev server, the git server and
     each worker with the git processes they ran, the model server, and PostgreSQL (when its
@@ -214,15 +226,18 @@ async def throughput(
     sides: dict[str, Turn],
     prepare: Callable[[str], object],
     meter: CpuByProcess,
+    clones: Callable[[], dict[str, int]],
     users: int,
     total: int,
 ) -> dict[str, Any]:
     """Turns per second with `users` conversations at once, each side twice (two, one, one,
-    two), and each process's CPU per turn."""
+    two), each process's CPU per turn, and the clones the workers made (a user's first turn
+    on a worker clones it)."""
     per_user = max(2, total // users)
     turns = users * per_user
     rates: dict[str, list[float]] = {side: [] for side in sides}
     cpu: dict[str, dict[str, float]] = {side: {} for side in sides}
+    cloned: dict[str, int] = dict.fromkeys(sides, 0)
     order = [*sides, *reversed(sides)]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         for n, side in enumerate(order):
@@ -234,10 +249,14 @@ async def throughput(
                     for u in range(users)
                 )
             )
-            before = meter.read()
+            before, clones_before = meter.read(), sum(clones().values())
             rates[side].append(await turns_per_second(sides[side], prefix, users, per_user))
-            after = meter.read()
-            print(f"   leg {n + 1}/{len(order)}, {side}: {rates[side][-1]:.1f} turns/s")
+            after, made = meter.read(), sum(clones().values()) - clones_before
+            cloned[side] += made
+            print(
+                f"   leg {n + 1}/{len(order)}, {side}: {rates[side][-1]:.1f} turns/s, "
+                f"{made} clones made for {users} users"
+            )
             for name in before:
                 spent = (after[name] - before[name]) * 1000 / turns / 2
                 cpu[side][name] = cpu[side].get(name, 0.0) + spent
@@ -260,6 +279,7 @@ async def throughput(
         "ratio": mean[ours] / mean[floor],
         "legs": rates,
         "cpu_ms_per_turn": cpu,
+        "clones_per_leg": {side: made / 2 for side, made in cloned.items()},
     }
 
 
@@ -318,10 +338,12 @@ async def measure(
     print(f"   on the git server: {pushed} commits with a Diff-Id for {args.turns} approvals")
     results["approval_commits_on_remote"] = pushed
 
+    workers = {name: scratch / name for name in WORKER_QUEUES}
     results["throughput"] = await throughput(
         {"two workers": turn_two, "one worker": turn_one},
         stack.blocks.ensure_user,
         meter,
+        functools.partial(clones_by_worker, workers),
         args.users,
         args.leg_turns,
     )
@@ -352,7 +374,7 @@ async def main_async(args: argparse.Namespace) -> None:
         settings = host_settings(base, scratch / "client", ONE, **shared)
         temporal = env.client.service_client.config.target_host
         stack = stack_from_settings(settings)  # creates the schema before any worker starts
-        hosts = {"worker-one": ONE, "worker-two-a": TWO, "worker-two-b": TWO}
+        hosts = WORKER_QUEUES
         with concurrent.futures.ThreadPoolExecutor(len(hosts)) as pool:
             started = {
                 name: pool.submit(
