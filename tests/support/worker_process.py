@@ -10,7 +10,8 @@ from pathlib import Path
 import yaml
 from temporalio.testing import WorkflowEnvironment
 
-from bench.processes import start_until_polling, stop_worker
+from bench.processes import start_until_polling
+from bench.processes import stop_worker as stop_worker  # the tests stop workers through here
 from durable_memory.config import Settings
 from durable_memory.models.activity_settings import (
     ActivitiesSettings,
