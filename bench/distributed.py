@@ -15,6 +15,9 @@ in the order two, one, one, two (throughput), so neither gets the warmer machine
 PostgreSQL comes from Debian's packages: run under `pg_virtualenv` (a throwaway cluster on
 loopback, `make bench` does it) or give --database-url.
 
+One module (over 300 lines), as each benchmark here is: the hosts it starts, the floors and the
+figures read together; what other benchmarks share lives in common.py and processes.py.
+
     pg_virtualenv -t .venv/bin/python -m bench.distributed [--turns 20] [--users 50]
                                                            [--leg-turns 100] [--out results.json]
 """
