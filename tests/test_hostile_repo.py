@@ -21,6 +21,7 @@ from temporalio.testing import WorkflowEnvironment
 from durable_memory.bootstrap import MemoryStack, open_stack
 from durable_memory.cli import main
 from durable_memory.memory.core.errors import DurableMemoryError, UnsafeFile
+from durable_memory.memory.service.history import EditedDirectory
 from durable_memory.models.history import Author, AuthorKind
 from tests.support.git_checks import git_output
 from tests.support.snapshots import snapshot
@@ -164,6 +165,30 @@ def test_hostile_working_tree_files_are_refused(
             _assert_one_line_error(*_cli(stack, capsys, *command), shown, why)
     assert snapshot(stack) == before
     assert memory.blocks.read_block("bob", "student").fields["name"] == SECRET  # bob untouched
+
+
+@pytest.mark.parametrize("case", WORKING_TREE)
+def test_hostile_files_in_an_import_directory_are_refused(
+    stack: MemoryStack, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    """`dmem import USER DIR` (a thin client's import) reads DIR as it reads a working tree."""
+    make, why = WORKING_TREE[case]
+    why = why.removeprefix("users/alice/blocks ")  # the directory is named as given
+    checkout = tmp_path / "checkout"
+    (checkout / "blocks").mkdir(parents=True)
+    (checkout / "blocks" / "student.toml").write_text('name = "Alicia"\n', encoding="utf-8")
+    make(checkout / "blocks" / "student.toml", tmp_path)
+    before = snapshot(stack)
+    shown = f"{checkout}/blocks" if "blocks dir" in case else f"{checkout}/blocks/student.toml"
+    with no_hang():
+        with pytest.raises(UnsafeFile) as refused:
+            stack.history.commit_hand_edits("alice", ALICE, EditedDirectory(checkout))
+        assert shown in str(refused.value)
+        assert why in str(refused.value)
+        assert "\n" not in str(refused.value)
+        command = ("import", "alice", str(checkout), "--as", "alice")
+        _assert_one_line_error(*_cli(stack, capsys, *command), shown, why)
+    assert snapshot(stack) == before
 
 
 def test_editor_output_that_is_not_utf8_is_refused(
