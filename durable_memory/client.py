@@ -1,6 +1,10 @@
 """MemoryClient: what a backend service uses. Turns and decisions go through Temporal; reads
 and a user's own edits go to the memory store, which the client shares with the workers
-(same `memory:` settings).
+(same `memory:` settings). With memory.git_remote the client is thin: it needs the Temporal
+address, the PostgreSQL database, the shared archive and the git remote, and its data dir
+holds only disposable clones; reads fetch from the remote, and its writes (a hand edit, a
+restore, a profile) are pushed with compare-and-set, so they serialise with the turns'
+commits (docs/integration.md, "A thin client").
 
     async with await MemoryClient.connect() as client:
         reply = await client.send_message("alice", "I love building robots")
@@ -389,7 +393,7 @@ class MemoryClient:
     ) -> list[RotationOutcome]:
         """Run the rotation workflow for one block or every block, and wait for the results."""
         validate_user_id(user_id)
-        profile = self.stack.blocks.profile(user_id)
+        profile = await asyncio.to_thread(self.stack.blocks.profile, user_id)
         labels = [block_spec(profile, label).label] if label else [b.label for b in profile.blocks]
         handles = [
             await self.client.start_workflow(
