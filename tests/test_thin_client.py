@@ -27,6 +27,7 @@ from durable_memory.bootstrap import stack_from_settings
 from durable_memory.cli import LOCAL_DISK, build_parser, main
 from durable_memory.client import MemoryClient
 from durable_memory.config import Settings
+from durable_memory.memory.core.errors import GitRemoteUnavailable, ProfileError
 from durable_memory.memory.core.formats import to_markdown
 from tests.support.agent_helpers import edit_block, tool_use
 from tests.support.distributed import distributed_env, distributed_settings, git_server
@@ -260,6 +261,79 @@ async def test_two_clients_racing_on_one_user_both_land_in_a_linear_history(
     assert git_output(remote, "rev-list", "--merges", "main") == ""  # linear
     assert final["student"].fields["name"] == f"name {rounds - 1}"
     assert final["journey"].fields["current_focus"] == f"current_focus {rounds - 1}"
+
+
+async def test_a_memory_client_on_another_host_answers_as_the_workers_host(
+    temporal_env: WorkflowEnvironment, postgres_url: str, tmp_path: Path
+) -> None:
+    """Every MemoryClient call from a host with an empty data dir: reads answer as on the
+    worker's own host, each write is one commit on the remote, a refused write changes
+    nothing, and a remote that is down is one clear error that changes nothing."""
+    root = tmp_path / "remote"
+
+    def log(user: str) -> list[str]:
+        return repo_log(root / f"{user}.git")
+
+    with git_server(root) as server:
+        worker = distributed_settings(
+            tmp_path / "worker", database_url=fresh_schema_url(postgres_url), git_remote=server.url
+        )
+        async with (
+            running_rig(temporal_env.client, worker, SCRIPT) as rig,
+            connected(rig, on_host(worker, tmp_path / "thin")) as thin,
+        ):
+            reply = await thin.send_message(USER, "I built a robot called Bolt", turn_id="t1")
+            grit, stage, approach = (d.id for d in reply.diffs)
+            await assert_same_answers(thin, rig.client, approach)
+            approved = await thin.approve(grit, "ms-rivera")
+            assert approved is not None
+            assert (
+                approved.commit_sha == git_output(root / f"{USER}.git", "rev-parse", "main").strip()
+            )
+            await thin.reject(stage, "ms-rivera", "too early")
+            strategy = await asyncio.to_thread(
+                thin.stack.blocks.read_block, USER, "engagement_strategy"
+            )
+            edited = to_markdown(strategy.spec, {**strategy.fields, "approach": "Questions first"})
+            await thin.approve(approach, "ms-rivera", edited_markdown=edited)
+            await assert_same_answers(thin, rig.client, approach)
+
+            created = (await thin.history(USER, "student"))[-1].sha
+            await one_commit(log, USER, thin.restore(USER, "student", created, "bob"))
+            student = await asyncio.to_thread(thin.stack.blocks.read_block, USER, "student")
+            named = to_markdown(student.spec, {**student.fields, "name": "Alice"})
+            await one_commit(log, USER, thin.edit_block(USER, "student", named, "alice"))
+            await one_commit(log, "bob", thin.create_user("bob", "default"), new=True)
+            assert await thin.profile_of("bob") == await rig.client.profile_of("bob")
+            before = log(USER)
+            with pytest.raises(ProfileError, match="cannot change to profile 'default'"):
+                await thin.set_profile(USER, "default", "bob")
+            assert log(USER) == before
+            await assert_same_answers(thin, rig.client, approach)
+
+            server.stop()
+            for call in (
+                lambda: thin.history(USER, "student"),
+                lambda: thin.edit_block(USER, "student", named.replace("Alice", "Eve"), "eve"),
+            ):
+                with pytest.raises(GitRemoteUnavailable, match="unavailable"):
+                    await call()
+            assert log(USER) == before
+    assert_only_clones(tmp_path / "thin", root)
+
+
+async def assert_same_answers(here: MemoryClient, there: MemoryClient, diff_id: str) -> None:
+    """The reads of MemoryClient answer the same on both hosts."""
+    reads: list[Callable[[MemoryClient], Awaitable[object]]] = [
+        lambda c: c.pending_diffs(USER),
+        lambda c: c.preview(diff_id),
+        lambda c: c.history(USER, "student"),
+        lambda c: c.profile_of(USER),
+        lambda c: c.context_overview(USER),
+        lambda c: c.search_archive(USER, "robot name"),
+    ]
+    for read in reads:
+        assert await read(here) == await read(there)
 
 
 def connected(rig: Rig, settings: Settings) -> MemoryClient:
