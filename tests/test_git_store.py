@@ -36,7 +36,7 @@ from durable_memory.memory.store.git import (
 )
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.operations import AddContext
-from tests.support.git_checks import assert_fsck_clean
+from tests.support.git_checks import assert_fsck_clean, git_output
 from tests.support.memory import MemoryRig
 
 ALICE = Author(name="alice", kind=AuthorKind.USER)
@@ -125,6 +125,13 @@ def test_bad_history_arguments_are_clear_errors(svc: MemoryRig) -> None:
     head = svc.git.head("alice")
     with pytest.raises(UnknownCommit, match="no commit abcdef12"):
         svc.history.read_at("alice", "student", "abcdef12")
+    # Full ids, which git takes on trust until used: none, and a block file's (not a commit).
+    blob = git_output(svc.git.repo_path("alice"), "rev-parse", "HEAD:blocks/student.toml")
+    for sha in ("0" * 40, blob.strip()):
+        with pytest.raises(UnknownCommit, match=f"no commit {sha}"):
+            svc.history.restore("alice", "student", sha, ALICE)
+        with pytest.raises(UnknownCommit, match=f"no commit {sha}"):
+            svc.history.diff("alice", "student", sha, head or "")
     with pytest.raises(InvalidIdentifier, match="invalid commit sha"):
         svc.history.restore("alice", "student", "HEAD~1", ALICE)
     with pytest.raises(UnknownUser, match="user 'bob' has no memory"):

@@ -148,10 +148,14 @@ class GitBlockStore:
 
     def _resolve(self, tx: RepoTransaction, sha: str) -> git.Commit:
         validate_sha(sha)
+        unknown = UnknownCommit(f"no commit {sha} in the memory of user '{tx.user_id}'")
         try:
             commit = tx.repo.commit(sha)
+            # A full id is taken on trust until it is used: ask what it names, if anything.
+            if tx.repo.odb.info(commit.binsha).type != b"commit":
+                raise unknown
         except (git.BadName, ValueError):
-            raise UnknownCommit(f"no commit {sha} in the memory of user '{tx.user_id}'") from None
+            raise unknown from None
         return commit
 
     def read_at(self, user_id: str, label: str, sha: str) -> str:
