@@ -53,8 +53,8 @@ SCRIPT: list[dict[str, Any]] = [
 ]
 
 Dmem = Callable[..., Awaitable[str]]
-"""Run one `dmem` command on the client's host; its standard output (the command must
-succeed)."""
+"""Run one `dmem` command on the client's host; its standard output, or with `fails=True` its
+one line of error (exit status 2)."""
 Log = Callable[[str], list[str]]
 """The user's main as `author|subject` lines, newest first, where the truth is kept: the
 repository in the embedded data dir, the remote's bare repository when distributed."""
@@ -110,8 +110,21 @@ async def session(dmem: Dmem, log: Log, tmp_path: Path) -> list[str]:
         ("blocks", "bob", "human", "--format", "prompt"),
     ):
         out.append(await dmem(*command))
-    out.append("\n".join(log(USER)))
-    return out
+
+    (checkout / "blocks" / "journey.toml").write_text(edited_journey.replace("outlining", "nap"))
+    before = log(USER)
+    for command in (  # refused alike, with one line, and nothing changes
+        ("blocks", "nobody"),
+        ("history", USER, "diary"),
+        ("restore", USER, "student", "0" * 40, "--as", "bob"),
+        ("approve", "0" * 32, "--as", "bob"),
+        ("import", USER, str(checkout), "--as", "bob"),
+        ("profile", "set", USER, "default", "--as", "bob"),
+    ):
+        out.append(await dmem(*command, fails=True))
+    assert log(USER) == before
+    out.append("\n".join(before))
+    return [text.replace(str(tmp_path), "<files>") for text in out]
 
 
 async def one_commit(log: Log, user: str, write: Awaitable[str], *, new: bool = False) -> str:
@@ -143,9 +156,12 @@ def normalised(outputs: list[str]) -> list[str]:
 
 
 def cli_runner(base: list[str], capsys: pytest.CaptureFixture[str]) -> Dmem:
-    async def dmem(*args: str) -> str:
+    async def dmem(*args: str, fails: bool = False) -> str:
         code = await asyncio.to_thread(main, [*base, *args])
         out, err = capsys.readouterr()
+        if fails:
+            assert (code, out, err.count("\n")) == (2, "", 1), (args, out, err)
+            return err
         assert code == 0, (args, err)
         return out
 
@@ -211,13 +227,15 @@ def repo_log(repo: Path) -> list[str]:
 
 
 def assert_only_clones(data_dir: Path, remote_root: Path) -> None:
-    """The client's data dir holds nothing but disposable clones, none ahead of the remote."""
+    """The client's data dir holds nothing but disposable clones, none ahead of the remote:
+    every commit a clone holds is on the remote's main (a cache may be behind it)."""
     assert sorted(p.name for p in data_dir.iterdir()) == ["clones"]
     for clone in (data_dir / "clones").iterdir():
         assert (clone / ".git").is_dir(), clone
-        head = git_output(clone, "rev-parse", "HEAD").strip()
-        # On the remote's main (a cache may be behind it: other hosts pushed since); fails if not.
-        git_output(remote_root / f"{clone.name}.git", "merge-base", "--is-ancestor", head, "main")
+        held = set(git_output(clone, "rev-list", "--all").split())
+        remote = remote_root / f"{clone.name}.git"
+        pushed = git_output(remote, "rev-list", "main").split() if remote.exists() else []
+        assert held <= set(pushed), clone
         assert git_output(clone, "status", "--porcelain", "--ignored") == ""
 
 
