@@ -62,10 +62,13 @@ def _settings(args: argparse.Namespace) -> Settings:
 @contextlib.contextmanager
 def _stack(args: argparse.Namespace) -> Iterator[MemoryStack]:
     """The memory stack for one command, closed after it (its database and archive
-    connections: a process that runs many commands, a test, must not pile them up)."""
+    connections: a process that runs many commands, a test, must not pile them up). The
+    command reads one state of memory: with a git remote, each user's tip is asked for once
+    (a write that finds it stale asks again)."""
     stack = stack_from_settings(_settings(args))
     try:
-        yield stack
+        with stack.git.pinned():
+            yield stack
     finally:
         stack.close()
 

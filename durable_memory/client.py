@@ -22,9 +22,10 @@ import asyncio
 import gc
 import logging
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, ParamSpec, Self, TypeVar
 
 from pydantic import ValidationError
 from temporalio.client import (
@@ -106,6 +107,10 @@ __all__ = [
 """What a backend imports from here; the decision errors are defined in decision_delivery."""
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
 class TemporalUnavailable(DurableMemoryError):
     """Temporal cannot be reached, or refused the request."""
 
@@ -184,6 +189,16 @@ class MemoryClient:
         self.stack.close()
         gc.collect()
 
+    async def _memory(self, call: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """`call` on the memory stack, off the event loop (it may ask the git remote), its
+        reads in one state of memory: each user's remote is asked once (`git.pinned`)."""
+
+        def pinned() -> R:
+            with self.stack.git.pinned():
+                return call(*args, **kwargs)
+
+        return await asyncio.to_thread(pinned)
+
     # -- turns -----------------------------------------------------------------------------
 
     async def send_message(
@@ -223,10 +238,10 @@ class MemoryClient:
     # -- decisions -------------------------------------------------------------------------
 
     async def pending_diffs(self, user_id: str) -> list[PendingDiff]:
-        return await asyncio.to_thread(self.stack.review.pending, validate_user_id(user_id))
+        return await self._memory(self.stack.review.pending, validate_user_id(user_id))
 
     async def preview(self, diff_id: str, user_id: str | None = None) -> str:
-        return await asyncio.to_thread(self.stack.review.preview, diff_id, user_id)
+        return await self._memory(self.stack.review.preview, diff_id, user_id)
 
     async def approve(
         self,
@@ -276,7 +291,7 @@ class MemoryClient:
     ) -> DecisionOutcome | None:
         validate_diff_id(diff_id)
         validate_author_name(approver)
-        diff = await asyncio.to_thread(self.stack.review.get, diff_id, user_id)
+        diff = await self._memory(self.stack.review.get, diff_id, user_id)
         decision: DiffDecision = _checked(
             DiffDecision,
             diff_id=diff_id,
@@ -289,9 +304,8 @@ class MemoryClient:
         if turn_id is None:
             raise DurableMemoryError(f"diff {diff_id} was not proposed by a turn")
         if edited_markdown is not None:  # refused here, with line and reason, not in history
-            await asyncio.to_thread(
-                from_markdown, self.stack.blocks.spec(diff.user_id, diff.label), edited_markdown
-            )
+            spec = await self._memory(self.stack.blocks.spec, diff.user_id, diff.label)
+            from_markdown(spec, edited_markdown)
         # A turn started before the unambiguous ids keeps its old id: tried second.
         for workflow_id in (
             turn_workflow_id(diff.user_id, turn_id),
@@ -324,7 +338,7 @@ class MemoryClient:
                 gone = error  # this id names no turn that takes decisions
         # Neither id names a running turn: it has ended, and the store has the diff's
         # final state.
-        current = await asyncio.to_thread(self.stack.review.get, diff_id, diff.user_id)
+        current = await self._memory(self.stack.review.get, diff_id, diff.user_id)
         if current.status is DiffStatus.PENDING:
             raise DecisionRefused(
                 f"diff {diff_id} is pending but its turn is no longer waiting ({gone.message})"
@@ -345,45 +359,41 @@ class MemoryClient:
     async def create_user(self, user_id: str, profile: str | None = None) -> str:
         """Create the user's memory with `profile` (default: the deployment's), recorded in
         their repository; idempotent for the same profile, refused for another. Returns HEAD."""
-        return await asyncio.to_thread(
-            self.stack.blocks.ensure_user, validate_user_id(user_id), profile
-        )
+        return await self._memory(self.stack.blocks.ensure_user, validate_user_id(user_id), profile)
 
     async def set_profile(self, user_id: str, profile: str, author: str) -> str:
         """Change the user's profile, committed as `author`, if their blocks fit it (else
         ProfileError says which do not). Returns HEAD after."""
         person = Author(name=validate_author_name(author), kind=AuthorKind.USER)
-        return await asyncio.to_thread(
+        return await self._memory(
             self.stack.edits.set_profile, validate_user_id(user_id), profile, person
         )
 
     async def profile_of(self, user_id: str) -> AgentProfile:
-        return await asyncio.to_thread(self.stack.blocks.profile, validate_user_id(user_id))
+        return await self._memory(self.stack.blocks.profile, validate_user_id(user_id))
 
     # -- a person's own memory -------------------------------------------------------------
 
     async def edit_block(self, user_id: str, label: str, markdown: str, author: str) -> str:
         """A user's own edit of a block (its Markdown form), committed directly as them."""
         person = Author(name=validate_author_name(author), kind=AuthorKind.USER)
-        return await asyncio.to_thread(
+        return await self._memory(
             self.stack.edits.edit_markdown, validate_user_id(user_id), label, markdown, person
         )
 
     async def history(self, user_id: str, label: str, limit: int = 20) -> list[CommitInfo]:
-        return await asyncio.to_thread(self.stack.history.history, user_id, label, limit)
+        return await self._memory(self.stack.history.history, user_id, label, limit)
 
     async def restore(self, user_id: str, label: str, sha: str, author: str) -> str:
         person = Author(name=validate_author_name(author), kind=AuthorKind.USER)
-        return await asyncio.to_thread(self.stack.history.restore, user_id, label, sha, person)
+        return await self._memory(self.stack.history.restore, user_id, label, sha, person)
 
     async def search_archive(self, user_id: str, query: str, **options: Any) -> list[PassageHit]:
         request: ArchiveSearch = _checked(ArchiveSearch, query=query, **options)
-        return await asyncio.to_thread(
-            self.stack.archive.search, validate_user_id(user_id), request
-        )
+        return await self._memory(self.stack.archive.search, validate_user_id(user_id), request)
 
     async def context_overview(self, user_id: str) -> ContextWindowOverview:
-        context = await asyncio.to_thread(self.stack.compile, validate_user_id(user_id))
+        context = await self._memory(self.stack.compile, validate_user_id(user_id))
         return context.overview
 
     # -- rotation --------------------------------------------------------------------------
@@ -393,7 +403,7 @@ class MemoryClient:
     ) -> list[RotationOutcome]:
         """Run the rotation workflow for one block or every block, and wait for the results."""
         validate_user_id(user_id)
-        profile = await asyncio.to_thread(self.stack.blocks.profile, user_id)
+        profile = await self._memory(self.stack.blocks.profile, user_id)
         labels = [block_spec(profile, label).label] if label else [b.label for b in profile.blocks]
         handles = [
             await self.client.start_workflow(
