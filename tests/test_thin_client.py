@@ -14,8 +14,11 @@ history: the push is the compare-and-set.
 
 import asyncio
 import json
+import os
 import re
 import stat
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,7 @@ from tests.support.distributed import distributed_env, distributed_settings, git
 from tests.support.git_checks import git_output
 from tests.support.postgres import fresh_schema_url
 from tests.support.temporal_helpers import Rig, rig_settings, running_rig
+from tests.support.worker_process import address
 from tests.test_cli import _cli_on, _commands
 
 pytestmark = pytest.mark.postgres
@@ -328,6 +332,29 @@ async def test_a_memory_client_on_another_host_answers_as_the_workers_host(
                 await thin.set_profile(USER, "default", "bob")
             assert log(USER) == before
             await assert_same_answers(thin, rig.client, approach)
+            # A `dmem` process that knows nothing but its environment, started elsewhere.
+            elsewhere = tmp_path / "elsewhere"
+            elsewhere.mkdir()
+            env = {
+                "PATH": os.environ["PATH"],
+                "DMEM_TEMPORAL_ADDRESS": address(temporal_env),
+                **distributed_env(on_host(worker, tmp_path / "third")),
+            }
+            shown = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "durable_memory.cli", "history", USER, "student", "--json"],
+                cwd=elsewhere,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            assert shown.returncode == 0, shown.stderr
+            history = await rig.client.history(USER, "student")
+            assert json.loads(shown.stdout) == [c.model_dump(mode="json") for c in history]
+            assert list(elsewhere.iterdir()) == []
+            assert_only_clones(tmp_path / "third", root)
 
             server.stop()
             for call in (
