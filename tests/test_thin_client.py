@@ -40,8 +40,6 @@ from tests.support.temporal_helpers import Rig, rig_settings, running_rig
 from tests.support.worker_process import address
 from tests.test_cli import _cli_on, _commands
 
-pytestmark = pytest.mark.postgres
-
 USER = "alice"
 ROBOT = "Alice's robot is called Bolt"
 SCRIPT: list[dict[str, Any]] = [
@@ -75,7 +73,9 @@ async def session(dmem: Dmem, log: Log, tmp_path: Path) -> list[str]:
     out.append(await dmem("approve", grit, "--as", "ms-rivera"))
     markdown = await dmem("blocks", USER, "engagement_strategy", "--format", "markdown")
     edited = tmp_path / "approach.md"
-    edited.write_text(markdown.replace("## Approach\n", "## Approach\nQuestions first\n"))
+    edited.write_text(
+        markdown.replace("## Approach\n", "## Approach\nQuestions first\n"), encoding="utf-8"
+    )
     out.append(await dmem("approve", approach, "--as", "ms-rivera", "--edit", str(edited)))
     out.append(await dmem("reject", stage, "--as", "ms-rivera", "--reason", "too early"))
     out.append(await dmem("blocks", USER, "--json"))
@@ -87,7 +87,7 @@ async def session(dmem: Dmem, log: Log, tmp_path: Path) -> list[str]:
         await one_commit(log, USER, dmem("restore", USER, "student", created, "--as", "bob"))
     )
     editor = tmp_path / "editor.sh"
-    editor.write_text("#!/bin/sh\nsed -i 's/^## Name$/## Name\\nAlice/' \"$1\"\n")
+    editor.write_text("#!/bin/sh\nsed -i 's/^## Name$/## Name\\nAlice/' \"$1\"\n", encoding="utf-8")
     editor.chmod(editor.stat().st_mode | stat.S_IXUSR)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("EDITOR", str(editor))
@@ -96,7 +96,7 @@ async def session(dmem: Dmem, log: Log, tmp_path: Path) -> list[str]:
     checkout = tmp_path / "checkout"
     (checkout / "blocks").mkdir(parents=True)
     edited_journey = journey.replace('stage = "exploring"', 'stage = "outlining"')
-    (checkout / "blocks" / "journey.toml").write_text(edited_journey)
+    (checkout / "blocks" / "journey.toml").write_text(edited_journey, encoding="utf-8")
     out.append(await one_commit(log, USER, dmem("import", USER, str(checkout), "--as", "bob")))
     out.append(await one_commit(log, "bob", dmem("init", "bob"), new=True))
 
@@ -115,7 +115,9 @@ async def session(dmem: Dmem, log: Log, tmp_path: Path) -> list[str]:
     ):
         out.append(await dmem(*command))
 
-    (checkout / "blocks" / "journey.toml").write_text(edited_journey.replace("outlining", "nap"))
+    (checkout / "blocks" / "journey.toml").write_text(
+        edited_journey.replace("outlining", "nap"), encoding="utf-8"
+    )
     before = log(USER)
     for command in (  # refused alike, with one line, and nothing changes
         ("blocks", "nobody"),
@@ -172,6 +174,7 @@ def cli_runner(base: list[str], capsys: pytest.CaptureFixture[str]) -> Dmem:
     return dmem
 
 
+@pytest.mark.postgres
 async def test_every_command_from_a_thin_client_answers_as_in_the_embedded_mode(
     temporal_env: WorkflowEnvironment,
     postgres_url: str,
@@ -243,9 +246,12 @@ def assert_only_clones(data_dir: Path, remote_root: Path) -> None:
         assert git_output(clone, "status", "--porcelain", "--ignored") == ""
 
 
+@pytest.mark.postgres
 async def test_two_clients_racing_on_one_user_both_land_in_a_linear_history(
     temporal_env: WorkflowEnvironment, postgres_url: str, tmp_path: Path
 ) -> None:
+    """Each client's edits, made at once, are each one commit on top of the other's: a push
+    that lost the race is refused and the edit redone on the new head."""
     rounds = 4
     with git_server(tmp_path / "remote") as server:
         worker = distributed_settings(
@@ -285,6 +291,7 @@ async def test_two_clients_racing_on_one_user_both_land_in_a_linear_history(
     assert final["journey"].fields["current_focus"] == f"current_focus {rounds - 1}"
 
 
+@pytest.mark.postgres
 async def test_a_memory_client_on_another_host_answers_as_the_workers_host(
     temporal_env: WorkflowEnvironment, postgres_url: str, tmp_path: Path
 ) -> None:
