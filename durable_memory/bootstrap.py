@@ -137,7 +137,7 @@ def open_stack(
         summaries=SummaryStore(engine),
         turns=TurnStore(engine),
         rotator=Rotator(faces.blocks, git, archive, RotationStateStore(engine), target_ratio),
-        tools=MemoryTools(faces.review, recall, archive),
+        tools=MemoryTools(faces.blocks, faces.review, recall, archive),
         git=git,
         engine=engine,
     )

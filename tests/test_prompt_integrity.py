@@ -239,7 +239,7 @@ def test_edit_tool_results_quote_the_models_text(
     stores: tuple[MemoryRig, Engine], content: str, fact: str
 ) -> None:
     memory, _ = stores
-    tools = MemoryTools(memory.review, memory.recall)
+    tools = MemoryTools(memory.blocks, memory.review, memory.recall)
     calls = [
         ("core_memory_append", {"label": "notes", "content": content}),
         (
@@ -267,7 +267,7 @@ def test_conversation_search_results_round_trip_every_message(
     memory.recall.append(
         "alice", turn, [NewMessage(role=MessageRole.USER, content=t) for t in texts]
     )
-    outcome = MemoryTools(memory.review, memory.recall).execute(
+    outcome = MemoryTools(memory.blocks, memory.review, memory.recall).execute(
         "alice", turn, "conversation_search", {"limit": len(texts)}
     )
     body = json.loads(outcome.content)
@@ -283,7 +283,7 @@ def test_archival_search_results_round_trip_every_passage(
     texts = [f"passage {i}: {forgery}" for i, forgery in enumerate(FORGERIES)]
     for text in texts:
         archive.insert(NewPassage(user_id="alice", text=text, source=PassageSource.AGENT))
-    outcome = MemoryTools(memory.review, memory.recall, archive).execute(
+    outcome = MemoryTools(memory.blocks, memory.review, memory.recall, archive).execute(
         "alice", "t-archive", "archival_memory_search", {"query": "", "top_k": 50}
     )
     body = json.loads(outcome.content)

@@ -4,7 +4,7 @@
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from durable_memory.models.limits import MAX_BLOCK_CHARS
 
@@ -105,13 +105,35 @@ class ModelSettings(BaseModel):
     context_window: int = Field(default=200_000, gt=0)
 
 
+class ToolSet(StrEnum):
+    """How the model edits its memory blocks (a profile's `tools`; every set also gets
+    archival memory and conversation search)."""
+
+    LETTA = "letta"
+    """Letta-style tools: core_memory_append, core_memory_replace, memory_insert,
+    memory_rethink, edit_memory_block."""
+    CLAUDE_MEMORY = "claude_memory"
+    """Claude's memory tool (`memory_20250818`) over `/memories`, one Markdown file a block."""
+
+
 class AgentProfile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1)
     persona: PersonaSettings
     model: ModelSettings = ModelSettings()
+    tools: tuple[ToolSet, ...] = (ToolSet.LETTA,)
+    """The tool sets the model gets (one or both); the tools are offered in a fixed order."""
     blocks: tuple[BlockSpec, ...]
+
+    @field_validator("tools")
+    @classmethod
+    def _one_of_each(cls, tools: tuple[ToolSet, ...]) -> tuple[ToolSet, ...]:
+        if not tools or len(set(tools)) != len(tools):
+            raise ValueError(
+                f"list each tool set once, at least one of {', '.join(t.value for t in ToolSet)}"
+            )
+        return tools
 
     def block(self, label: str) -> BlockSpec | None:
         return next((b for b in self.blocks if b.label == label), None)

@@ -131,7 +131,7 @@ def scripted_steps(
     with ScriptedModelServer(script) as server:
         model = AnthropicModel(base_url=server.url)
         try:
-            tools = MemoryTools(memory.review, memory.recall, archive)
+            tools = MemoryTools(memory.blocks, memory.review, memory.recall, archive)
             sources = memory.sources(SummaryStore(engine))
             yield TurnSteps(sources, archive, tools, model, TurnStore(engine)), server
         finally:

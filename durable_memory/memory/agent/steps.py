@@ -210,12 +210,13 @@ def turn_context(
     user_id: str,
     summarizer: Summarizer | None = None,
 ) -> CompiledContext:
-    """The context a turn starts from: memory, recall and every tool (also what `dmem context`
-    shows). With a summarizer, an overflowing context is summarised first."""
+    """The context a turn starts from: memory, recall and the tools the user's profile offers
+    (also what `dmem context` shows). With a summarizer, an overflowing context is summarised
+    first."""
     return compile_context(
         sources,
         user_id,
-        tool_definitions(),
+        tool_definitions(sources.blocks.profile(user_id).tools),
         archival_count=archive.count(user_id) if archive is not None else 0,
         summarizer=summarizer,
     )

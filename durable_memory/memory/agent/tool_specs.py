@@ -8,14 +8,18 @@ call (`check_input_size`) and each argument (the argument models' fields).
 
 import functools
 import json
+from collections.abc import Sequence
 from datetime import date, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
+from anthropic.types import MemoryTool20250818Param
+from anthropic.types.beta import BetaMemoryTool20250818Command
 from pydantic import BaseModel, ConfigDict, Field
 
 from durable_memory.memory.archive.protocol import AGENT_INSERT_TOKEN_LIMIT
 from durable_memory.memory.core.limits import LimitExceeded
 from durable_memory.models.archive import TagMatch
+from durable_memory.models.blocks import ToolSet
 from durable_memory.models.limits import (
     MAX_ARGUMENT_NAME_CHARS,
     MAX_PASSAGE_TAGS,
@@ -193,16 +197,53 @@ TOOL_DOCS: dict[str, tuple[type[ToolArguments], str]] = {
 }
 
 
+LETTA_EDIT_TOOLS = (
+    "core_memory_append",
+    "core_memory_replace",
+    "memory_insert",
+    "memory_rethink",
+    "edit_memory_block",
+)
+"""The tools of ToolSet.LETTA; the others of TOOL_DOCS come with every tool set."""
+
+MEMORY_TOOL_NAME = "memory"
+MEMORY_TOOL_DEFINITION: MemoryTool20250818Param = {"type": "memory_20250818", "name": "memory"}
+"""Claude's memory tool (ToolSet.CLAUDE_MEMORY): the API knows its commands' schema."""
+MEMORY_COMMANDS = get_args(get_args(BetaMemoryTool20250818Command)[0])
+"""The SDK's models of the memory tool's commands (view, create, str_replace, ...)."""
+
+
+def tool_names(tool_sets: Sequence[ToolSet]) -> tuple[str, ...]:
+    """The tools a profile's tool sets offer, in the order `tool_definitions` gives them:
+    fixed whatever the profile's order, so equal sets give the same bytes."""
+    letta = LETTA_EDIT_TOOLS if ToolSet.LETTA in tool_sets else ()
+    memory = (MEMORY_TOOL_NAME,) if ToolSet.CLAUDE_MEMORY in tool_sets else ()
+    return (*letta, *memory, *(name for name in TOOL_DOCS if name not in LETTA_EDIT_TOOLS))
+
+
+def argument_names(name: str) -> list[str]:
+    """The argument names of an offered tool, for messages."""
+    if name == MEMORY_TOOL_NAME:
+        return list(dict.fromkeys(f for command in MEMORY_COMMANDS for f in command.model_fields))
+    return list(TOOL_DOCS[name][0].model_fields)
+
+
 @functools.cache
-def _tool_definitions_json() -> str:
+def _tool_definitions_json(tool_sets: tuple[ToolSet, ...]) -> str:
     # Building the JSON schemas costs milliseconds, and every turn needs them: once a process.
-    defs = [{"name": name, **_schema(args, doc)} for name, (args, doc) in TOOL_DOCS.items()]
+    defs = [
+        dict(MEMORY_TOOL_DEFINITION)
+        if name == MEMORY_TOOL_NAME
+        else {"name": name, **_schema(*TOOL_DOCS[name])}
+        for name in tool_names(tool_sets)
+    ]
     return json.dumps(defs)
 
 
-def tool_definitions() -> list[dict[str, Any]]:
-    """The `tools` parameter of a Messages API call, in a stable order (a fresh copy)."""
-    defs: list[dict[str, Any]] = json.loads(_tool_definitions_json())
+def tool_definitions(tool_sets: Sequence[ToolSet] = (ToolSet.LETTA,)) -> list[dict[str, Any]]:
+    """The `tools` parameter of a Messages API call for a profile's tool sets, in a stable
+    order (a fresh copy)."""
+    defs: list[dict[str, Any]] = json.loads(_tool_definitions_json(tuple(sorted(tool_sets))))
     return defs
 
 
@@ -243,7 +284,7 @@ def check_input_size(name: str, arguments: object) -> None:
                             f"an argument name of {name}",
                             len(str(key)),
                             MAX_ARGUMENT_NAME_CHARS,
-                            f"the arguments are {', '.join(TOOL_DOCS[name][0].model_fields)}",
+                            f"the arguments are {', '.join(argument_names(name))}",
                         )
                     size += len(str(key))
                 pending.extend((item, depth + 1) for item in value.values())

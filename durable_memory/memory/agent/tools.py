@@ -15,9 +15,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
+from anthropic.lib.tools import ToolError
 from pydantic import ValidationError
 
+from durable_memory.memory.agent.memory_tool import ProposingMemoryTool, parse_command
 from durable_memory.memory.agent.tool_specs import (
+    MEMORY_TOOL_NAME,
     TOOL_DOCS,
     ArchivalInsert,
     ArchivalSearch,
@@ -29,11 +32,13 @@ from durable_memory.memory.agent.tool_specs import (
     MemoryRethink,
     ToolArguments,
     check_input_size,
+    tool_names,
 )
 from durable_memory.memory.archive.protocol import ArchiveStore
 from durable_memory.memory.core.errors import DurableMemoryError, validation_message
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.core.limits import cut_text
+from durable_memory.memory.service.blocks import Blocks
 from durable_memory.memory.service.review import Review
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.models.archive import ArchiveSearch, NewPassage, PassageSource
@@ -147,11 +152,17 @@ def search_result(results: list[dict[str, Any]], text_key: str, **header: object
 
 
 class MemoryTools:
-    """Executes the model's tool calls for one user and turn."""
+    """Executes the model's tool calls for one user and turn: the tools the user's profile
+    offers (tool_specs.tool_names), no others."""
 
     def __init__(
-        self, review: Review, recall: RecallStore, archive: ArchiveStore | None = None
+        self,
+        blocks: Blocks,
+        review: Review,
+        recall: RecallStore,
+        archive: ArchiveStore | None = None,
     ) -> None:
+        self.blocks = blocks
         self.review = review
         self.recall = recall
         self.archive = archive
@@ -172,17 +183,25 @@ class MemoryTools:
     def _execute(
         self, user_id: str, turn_id: str, name: str, arguments: object, call_id: str | None
     ) -> ToolOutcome:
-        if name not in TOOL_DOCS:
-            return ToolOutcome(
-                f"unknown tool '{cut_text(name, MAX_ARGUMENT_NAME_CHARS)}'; the tools are "
-                f"{', '.join(TOOL_DOCS)}",
-                is_error=True,
-            )
+        shown_name = cut_text(name, MAX_ARGUMENT_NAME_CHARS)
         try:
             validate_user_id(user_id)
+            offered = tool_names(self.blocks.profile(user_id).tools)
+        except DurableMemoryError as error:
+            return ToolOutcome(f"{shown_name} failed: {error}", is_error=True)
+        if name not in offered:
+            return ToolOutcome(
+                f"unknown tool '{shown_name}'; the tools are {', '.join(offered)}", is_error=True
+            )
+        try:
             check_input_size(name, arguments)
         except DurableMemoryError as error:
             return ToolOutcome(f"{name} failed: {error}", is_error=True)
+        diff_id = (
+            uuid.uuid5(_DIFF_NAMESPACE, f"{user_id}/{turn_id}/{call_id}").hex if call_id else None
+        )
+        if name == MEMORY_TOOL_NAME:
+            return self._memory(user_id, turn_id, arguments, diff_id)
         args_type = TOOL_DOCS[name][0]
         try:
             call = args_type.model_validate(arguments)
@@ -198,11 +217,6 @@ class MemoryTools:
             if isinstance(call, ConversationSearch):
                 return self._conversation_search(user_id, call)
             label, op, reasoning = _edit_operation(call)
-            diff_id = (
-                uuid.uuid5(_DIFF_NAMESPACE, f"{user_id}/{turn_id}/{call_id}").hex
-                if call_id
-                else None
-            )
             diff = self.review.propose(
                 user_id, label, op, reasoning, Proposer.turn(turn_id), diff_id=diff_id
             )
@@ -215,6 +229,18 @@ class MemoryTools:
             "not in memory yet; do not propose it again.",
             diff_id=diff.id,
         )
+
+    def _memory(
+        self, user_id: str, turn_id: str, arguments: object, diff_id: str | None
+    ) -> ToolOutcome:
+        """Claude's memory tool (memory_tool.py): its edits become pending diffs."""
+        tool = ProposingMemoryTool(self.blocks, self.review, user_id, turn_id, diff_id)
+        try:
+            content = tool.execute(parse_command(arguments))
+        except (ToolError, DurableMemoryError) as error:
+            return ToolOutcome(f"Error: {error}", is_error=True)
+        diff = tool.proposed
+        return ToolOutcome(str(content), diff_id=diff.id if diff is not None else None)
 
     def _require_archive(self) -> ArchiveStore:
         if self.archive is None:

@@ -212,6 +212,14 @@ def conflict_reason(
     return None
 
 
+def rewrite_operation(spec: BlockSpec, fields: BlockFields) -> EditOperation:
+    """The operation that rewrites the whole block to `fields` (validated): what an edited
+    Markdown form of the block proposes (a reviewer's edit, Claude's memory tool)."""
+    if spec.kind is BlockKind.TEXT:
+        return RethinkText(new_value=str(fields["value"]))
+    return ReplaceFields(fields=fields)
+
+
 def describe(op: EditOperation, label: str) -> str:
     """A one-line summary for commit messages, diff lists and the Temporal UI: quoted values
     are cut at word boundaries (`cut_at_word`), never mid-word."""

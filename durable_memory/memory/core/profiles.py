@@ -115,7 +115,7 @@ def parse_profile(text: str, source: str) -> AgentProfile:
         if spec.label in labels:
             raise ProfileError(f"{source}: block '{spec.label}': label declared twice")
         labels.add(spec.label)
-    unknown = sorted(set(raw) - {"name", "persona", "model", "blocks"})
+    unknown = sorted(set(raw) - {"name", "persona", "model", "tools", "blocks"})
     if unknown:
         raise ProfileError(f"{source}: unknown top-level key(s) {', '.join(unknown)}")
     try:

@@ -20,7 +20,12 @@ from durable_memory.memory.core.errors import (
 )
 from durable_memory.memory.core.formats import from_markdown, to_markdown, to_toml
 from durable_memory.memory.core.ids import validate_user_id
-from durable_memory.memory.core.operations import apply_operation, conflict_reason, describe
+from durable_memory.memory.core.operations import (
+    apply_operation,
+    conflict_reason,
+    describe,
+    rewrite_operation,
+)
 from durable_memory.memory.service.access import BlockAccess
 from durable_memory.memory.store.block_repository import compare_and_set
 from durable_memory.memory.store.diffs import DiffStore
@@ -29,14 +34,11 @@ from durable_memory.memory.store.git import (
     format_message,
     validate_author_name,
 )
-from durable_memory.models.blocks import BlockKind
 from durable_memory.models.diffs import DiffStatus, PendingDiff, Proposer
 from durable_memory.models.history import SYSTEM_AUTHOR, Author, AuthorKind
 from durable_memory.models.operations import (
     ClearTask,
     EditOperation,
-    ReplaceFields,
-    RethinkText,
 )
 
 
@@ -54,11 +56,14 @@ class Review:
         proposer: Proposer,
         *,
         diff_id: str | None = None,
+        read_at: str | None = None,
     ) -> PendingDiff:
         """The model's edit: checked against HEAD now, stored as pending, memory untouched.
 
         With a `diff_id` (derived from the tool call by a Temporal activity), proposing again
         returns the diff already stored under it: a retried activity creates nothing new.
+        With `read_at`, the commit the edit was computed from (a whole-block rewrite made from
+        what the model read), it is refused if the block has moved on since.
         """
         if diff_id is not None:
             existing = self._diffs.find(diff_id, user_id)
@@ -70,6 +75,10 @@ class Review:
         if isinstance(op, ClearTask) and op.archive:
             self._access.require_archive()
         block = self._access.read_block(user_id, label)
+        if read_at is not None and block.sha != read_at:
+            raise OperationNotApplicable(
+                f"block '{label}' changed since it was read; read it again and redo the edit"
+            )
         apply_operation(spec, block.fields, op)
         diff = PendingDiff(
             id=diff_id or uuid.uuid4().hex,
@@ -94,16 +103,22 @@ class Review:
         validate_user_id(user_id)
         return self._diffs.list(user_id, [DiffStatus.PENDING])
 
+    def proposals(
+        self, user_id: str, label: str, statuses: list[DiffStatus], limit: int
+    ) -> list[PendingDiff]:
+        """The agent's own proposals (made in a turn) for block `label` with these statuses,
+        newest first, at most `limit`."""
+        validate_user_id(user_id)
+        found = self._diffs.list(user_id, statuses, label=label, limit=limit)
+        return [d for d in found if d.proposer.turn_id is not None]
+
     def superseded_by(self, user_id: str, diff_ids: list[str]) -> list[PendingDiff]:
         """The user's diffs that these newer proposals superseded."""
         return self._diffs.superseded_by(user_id, diff_ids)
 
     def _edited_operation(self, diff: PendingDiff, edited_markdown: str) -> EditOperation:
         spec = self._access.spec(diff.user_id, diff.label)
-        fields = from_markdown(spec, edited_markdown)
-        if spec.kind is BlockKind.TEXT:
-            return RethinkText(new_value=str(fields["value"]))
-        return ReplaceFields(fields=fields)
+        return rewrite_operation(spec, from_markdown(spec, edited_markdown))
 
     def approve(
         self,
