@@ -53,7 +53,7 @@ def run_calls(
     (tool results, requests). No call ever commits to memory."""
     turn_id = turn_id or f"turn-{uuid.uuid4().hex}"
     head = svc.git.head("alice")
-    script = [{"content": list(calls)}, {"text": "ok"}]
+    script: list[dict[str, Any]] = [{"content": list(calls)}, {"text": "ok"}]
     result, requests = run_scripted_turn(svc, engine, script, "hi", turn_id=turn_id)
     assert result.reply == "ok"
     assert svc.git.head("alice") == head
@@ -244,7 +244,7 @@ def test_a_retried_call_proposes_nothing_new(svc: MemoryRig) -> None:
 
 # -- errors the model can act on -----------------------------------------------------------
 
-ERRORS = [
+ERRORS: list[tuple[dict[str, Any], str]] = [
     (
         {"command": "create", "path": "/memories/hobbies.md", "file_text": "x"},
         "there is no such memory file. /memories holds one file per memory block: "

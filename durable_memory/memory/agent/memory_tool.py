@@ -149,16 +149,24 @@ class ProposingMemoryTool(BetaAbstractMemoryTool):
             f"one file per memory block: {files}. New blocks are added by a person, not by you."
         )
 
-    def _block(self, path: str, doing: str) -> Block:
-        """The block at file `path`; ToolError for the directory or a file that is none."""
+    def _label(self, path: str, doing: str) -> str | None:
+        """None for the directory, else the label of the block whose file `path` is; a
+        ToolError for any other path."""
         if _check_path(path) is None:
-            raise ToolError(
-                f"{MEMORIES} is a directory; {doing} a file such as {MEMORIES}/<block>.md"
-            )
+            return None
         match = _FILE.fullmatch(path)
         if match is None or self._blocks.profile(self._user_id).block(match[1]) is None:
             raise self._no_such_file(path, doing)
-        return self._blocks.read_block(self._user_id, match[1])
+        return match[1]
+
+    def _block(self, path: str, doing: str) -> Block:
+        """The block at file `path`; ToolError for the directory or a file that is none."""
+        label = self._label(path, doing)
+        if label is None:
+            raise ToolError(
+                f"{MEMORIES} is a directory; {doing} a file such as {MEMORIES}/<block>.md"
+            )
+        return self._blocks.read_block(self._user_id, label)
 
     def _editable(self, path: str, doing: str) -> Block:
         block = self._block(path, doing)
@@ -328,10 +336,10 @@ class ProposingMemoryTool(BetaAbstractMemoryTool):
     # -- refused -------------------------------------------------------------------------
 
     def delete(self, command: BetaMemoryTool20250818DeleteCommand) -> str:
-        _check_path(command.path)
+        self._label(command.path, "delete")
         raise ToolError(f"cannot delete {_quoted(command.path)}: {_HUMAN_CONTROLLED}")
 
     def rename(self, command: BetaMemoryTool20250818RenameCommand) -> str:
-        _check_path(command.old_path)
+        self._label(command.old_path, "rename")
         _check_path(command.new_path)
         raise ToolError(f"cannot rename {_quoted(command.old_path)}: {_HUMAN_CONTROLLED}")
