@@ -85,6 +85,10 @@ MALFORMED = [
     ({"path": "/memories"}, "Unable to extract tag using discriminator 'command'"),
     ({"command": None}, "invalid memory command"),
     (
+        {"command": "view", "path": "/memories", "x" * 100: 1},
+        "the arguments are command, path, view_range, file_text, new_str",
+    ),
+    (
         {"command": "view", "path": "/memories", "extra": {"a": [[[[[[[[[[[[]]]]]]]]]]]]}},
         "levels deep",
     ),
@@ -147,6 +151,7 @@ def test_through_the_sdk_a_reply_of_hostile_calls_proposes_and_commits_nothing(
     memory.blocks.ensure_user("alice")
     head = memory.git.head("alice")
     calls = [tool_use("memory", **c) for path, _ in HOSTILE_PATHS for c in commands_on(path)[1:4]]
+    calls += [tool_use("memory", **c) for c, _ in MALFORMED if isinstance(c, dict)]
     script: list[dict[str, Any]] = [{"content": calls}, {"text": "ok"}]
     result, requests = run_scripted_turn(memory, engine, script, "hi")
     assert result.reply == "ok"

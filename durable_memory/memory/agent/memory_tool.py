@@ -100,9 +100,9 @@ def _lines(text: str) -> list[str]:
     return text.removesuffix("\n").split("\n")
 
 
-def _check_path(path: str) -> str | None:
-    """None for the directory; else the name after `/memories/` (not yet known to be a
-    block's file). Refuses every path outside `/memories`, with the reason."""
+def _is_directory(path: str) -> bool:
+    """Whether `path` is `/memories` itself (else it names something in it, not yet known to
+    be a block's file). Refuses every path outside `/memories`, with the reason."""
     if len(path) > MAX_PATH_CHARS:
         raise ToolError(
             f"the path is {len(path)} characters long; memory paths are at most "
@@ -111,7 +111,7 @@ def _check_path(path: str) -> str | None:
     if "\x00" in path:
         raise ToolError(f"the path {_quoted(path)} contains a NUL byte; use {MEMORIES}/<block>.md")
     if path in (MEMORIES, MEMORIES + "/"):
-        return None
+        return True
     if not path.startswith(MEMORIES + "/"):
         raise ToolError(
             f"the path {_quoted(path)} is outside your memory directory; every memory path "
@@ -123,7 +123,7 @@ def _check_path(path: str) -> str | None:
             f"the path {_quoted(path)} is not allowed: {MEMORIES} is one flat directory, with "
             f"no '.', '..' or empty parts; use {MEMORIES}/<block>.md"
         )
-    return name
+    return False
 
 
 class ProposingMemoryTool(BetaAbstractMemoryTool):
@@ -152,7 +152,7 @@ class ProposingMemoryTool(BetaAbstractMemoryTool):
     def _label(self, path: str, doing: str) -> str | None:
         """None for the directory, else the label of the block whose file `path` is; a
         ToolError for any other path."""
-        if _check_path(path) is None:
+        if _is_directory(path):
             return None
         match = _FILE.fullmatch(path)
         if match is None or self._blocks.profile(self._user_id).block(match[1]) is None:
@@ -180,7 +180,7 @@ class ProposingMemoryTool(BetaAbstractMemoryTool):
     # -- reading -------------------------------------------------------------------------
 
     def view(self, command: BetaMemoryTool20250818ViewCommand) -> str:
-        if _check_path(command.path) is None:
+        if _is_directory(command.path):
             if command.view_range is not None:
                 raise ToolError(f"view_range applies to a file, not to the directory {MEMORIES}")
             return self._directory()
@@ -341,5 +341,5 @@ class ProposingMemoryTool(BetaAbstractMemoryTool):
 
     def rename(self, command: BetaMemoryTool20250818RenameCommand) -> str:
         self._label(command.old_path, "rename")
-        _check_path(command.new_path)
+        _is_directory(command.new_path)  # a path outside /memories gets its own error
         raise ToolError(f"cannot rename {_quoted(command.old_path)}: {_HUMAN_CONTROLLED}")
