@@ -1,6 +1,7 @@
 """Claude's memory tool (`memory_20250818`) through the real SDK and the scripted server: every
 command, each write a pending diff carrying its turn, the agent's proposals and decisions shown
-on `view`, and the profile's choice of tools. The hostile inputs: tests/test_memory_tool_hostile.py.
+on `view`, the profile's choice of tools, and an edit waiting in the turn workflow on a real
+Temporal dev server for a person's approval. The hostile inputs: tests/test_memory_tool_hostile.py.
 """
 
 import uuid
@@ -9,6 +10,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine
+from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.memory.agent.tool_specs import tool_definitions
 from durable_memory.memory.agent.tools import MemoryTools
@@ -24,6 +26,7 @@ from tests.support.agent_helpers import (
     tool_use,
 )
 from tests.support.memory import MemoryRig, memory_rig
+from tests.support.temporal_helpers import rig_settings, running_rig
 
 NOTES = "/memories/notes.md"
 NOTES_MARKDOWN = (
@@ -314,3 +317,35 @@ def test_every_mistake_is_one_tool_error_and_nothing_is_proposed(
         assert outcome["content"].startswith("Error: "), outcome["content"]
         assert expected in outcome["content"], (call, outcome["content"])
     assert svc.review.pending("alice") == []
+
+
+# -- through the turn workflow ---------------------------------------------------------------
+
+
+async def test_a_memory_tool_edit_waits_in_the_turn_workflow_for_a_person(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    profile = tmp_path / "claude.toml"
+    profile.write_text('tools = ["claude_memory"]\n' + TEST_PROFILE, encoding="utf-8")
+    settings = rig_settings(tmp_path / "data", profile=str(profile))
+    edit = memory_call(command="str_replace", path=NOTES, old_str="Lyon", new_str="Paris")
+    script: list[dict[str, Any]] = [{"content": [edit]}, {"text": "Noted."}]
+    async with running_rig(temporal_env.client, settings, script) as rig:
+        reply = await rig.client.send_message("alice", "I moved to Paris", turn_id="t1")
+        assert reply.reply == "Noted."
+        (diff,) = reply.diffs
+        assert diff.status is DiffStatus.PENDING
+        notes = rig.stack.blocks.read_block("alice", "notes")
+        assert "Lyon" in str(notes.fields["value"])
+        assert rig.model_server.requests[0]["tools"][0] == {
+            "type": "memory_20250818",
+            "name": "memory",
+        }
+        approved = await rig.client.approve(diff.id, "bob")
+        assert approved is not None
+        assert approved.status is DiffStatus.APPROVED
+        notes = rig.stack.blocks.read_block("alice", "notes")
+        assert notes.fields["value"] == "Likes tea\nLives in Paris\nLikes tea with lemon"
+        (commit, *_) = rig.stack.history.history("alice", "notes", 1)
+        assert commit.trailers["Proposed-By"] == "turn:t1"
+        assert commit.trailers["Approved-By"] == "bob"
