@@ -3,7 +3,7 @@
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,7 +25,11 @@ FAST = ActivitySettings(start_to_close_s=4, retry=RetrySettings(initial_interval
 
 def crash_settings(tmp_path: Path) -> Settings:
     """Short activity timeouts, so that an activity lost with its worker is retried quickly."""
-    settings = rig_settings(tmp_path / "data")
+    return with_fast_activities(rig_settings(tmp_path / "data"))
+
+
+def with_fast_activities(settings: Settings) -> Settings:
+    """`settings` with every activity on FAST's timeout and retry."""
     fast = ActivitiesSettings(model_call=FAST, memory=FAST, commit=FAST, archive=FAST)
     return settings.model_copy(update={"activities": fast})
 
@@ -41,10 +45,12 @@ def spawn_worker(
     crash_at: str | None = None,
     marker: Path | None = None,
     log: Path | None = None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[str]:
     """Start `dmem worker` and return once it polls its task queue (its stderr appended to
     `log`, if given). Its turns run with `settings`' turn settings (step limit, approval TTL,
-    activity options), given to it as a config file as a deployment would."""
+    activity options), given to it as a config file as a deployment would. `extra_env` adds
+    to (or overrides) its DMEM_* variables: the shared stores of another host, say."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMEM_", "ANTHROPIC_"))}
     env.update(
         {
@@ -56,6 +62,7 @@ def spawn_worker(
             "ANTHROPIC_BASE_URL": model_url,
         }
     )
+    env.update(extra_env or {})
     if crash_at:
         env.update({"DMEM_CRASH_AT": crash_at, "DMEM_CRASH_MARKER": str(marker)})
     return start_until_polling(
