@@ -43,6 +43,7 @@ from durable_memory.config import Settings
 from durable_memory.faults import BEFORE_PUSH, MID_COMMIT
 from durable_memory.gitserver.server import GitServer
 from durable_memory.memory.store.diffs import DiffStore
+from durable_memory.memory.store.git.remote import CLONES_DIR
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.recall import MessageRole
 from durable_memory.models.turn import TurnOutcome, TurnReply, turn_workflow_id
@@ -383,6 +384,13 @@ def check_crashes(proof: Proof, host: Host) -> None:
             proof.problem(host.name, f"never reached the crash point {crash_at}")
 
 
+def check_data_dirs(proof: Proof, data_dirs: dict[str, Path]) -> None:
+    """A host's data dir holds nothing but its disposable clones: no state of its own."""
+    for name, data_dir in data_dirs.items():
+        if kept := sorted(p.name for p in data_dir.iterdir() if p.name != CLONES_DIR):
+            proof.problem(name, f"its data dir {data_dir} holds {kept} besides the clones")
+
+
 def seed() -> int:
     chosen = os.environ.get(SEED_VARIABLE)
     return int(chosen) if chosen else random.SystemRandom().randrange(2**32)
@@ -454,6 +462,11 @@ async def test_many_hosts(
 
         ran = await check_turns(proof, hosts, [host_a, host_b])
         check_crashes(proof, host_b)
+        check_data_dirs(
+            proof,
+            {"the client": settings.memory.data_dir}
+            | {host.name: host.settings.memory.data_dir for host in hosts},
+        )
         for user_id in USERS:
             check_remote(proof, remote, user_id)
             check_recall(proof, user_id)
