@@ -7,14 +7,16 @@ conversations (each turn proposes a task for the user's human block, which the u
 by Update, approves by signal, or rejects) while host B is SIGKILLed: at seeded random
 instants, and at named crash points (between the local commit and the push, after a pushed
 decision before its activity reports, in the middle of a local commit). Then the git server is
-stopped while an approval waits on it, and restarted. Then host C joins with an empty data dir,
-A and B stop, and C serves every old user a turn whose context holds the task another host
-committed.
+stopped during an approval (its turn's details say it waits for the git remote, its Update is
+not answered, nothing reaches the remote) and restarted. Then host C joins with an empty data
+dir, A and B stop, and C serves every old user a turn whose context holds the task another
+host committed.
 
 Afterwards, read from the shared stores themselves (the bare repositories with git, recall on
 the database): every turn completed; exactly one commit per approved diff on the remote and
 none for any other; each user's history linear and `git fsck` clean; every turn's messages in
-recall once; both A and B ran turns' activities; every crash point was reached.
+recall once; both A and B ran turns' activities (the workflow histories name the worker of
+each); every crash point was reached; every data dir holds nothing but disposable clones.
 
 The seed is printed; `DMEM_MANY_HOSTS_SEED=<seed>` replays the same choices (the scheduler's
 interleaving still varies, so rerun a failing seed a few times).
@@ -253,8 +255,9 @@ async def approve_through_git_outage(proof: Proof, server: GitServer, root: Path
     reply = await proof.reply(turn)
     if reply is None or not reply.diffs:
         return server
+    diff_id = reply.diffs[0].id
     server.stop()
-    approving = asyncio.create_task(proof.decide(turn, reply.diffs[0].id))
+    approving = asyncio.create_task(proof.decide(turn, diff_id))
     deadline = time.monotonic() + OUTAGE_SEEN_S
     seen = False
     while not seen and time.monotonic() < deadline and not approving.done():
@@ -264,6 +267,8 @@ async def approve_through_git_outage(proof: Proof, server: GitServer, root: Path
         proof.problem(turn.where, "the approval never showed it was waiting for the git remote")
     if approving.done():
         proof.problem(turn.where, "the approval was answered while the git server was down")
+    if on_remote := remote_commits(bare_repository(root, turn.user_id)).get(diff_id):
+        proof.problem(turn.where, f"{on_remote} carry {diff_id} while the git server was down")
     server = restart_git_server(server, root)
     await approving
     await proof.finish(turn)

@@ -17,14 +17,14 @@ from temporalio.client import WorkflowHandle
 
 from durable_memory.config import Settings
 from durable_memory.memory.core.ids import validate_user_id
-from tests.support.distributed import distributed_env
+from durable_memory.workflows.turn_details import WAITING_FOR_GIT_REMOTE
+from tests.support.distributed import distributed_env, remote_log
 from tests.support.git_checks import git_output
 from tests.support.temporal_helpers import current_details
 from tests.support.worker_process import spawn_worker, stop_worker
 
 DIFF_ID_TRAILER = "%(trailers:key=Diff-Id,valueonly,separator=%x2C)"
 """git log's format for a commit's Diff-Id trailers, comma-separated."""
-GIT_REMOTE_ERRORS = ("GitRemoteUnavailable", "GitRemoteContended")
 
 
 @dataclass
@@ -130,7 +130,7 @@ def bare_repository(root: Path, user_id: str) -> Path:
 def remote_commits(bare: Path) -> dict[str, list[str]]:
     """The commits of main on a bare repository, by the Diff-Id trailer they carry."""
     commits_of: dict[str, list[str]] = {}
-    log = git_output(bare, "log", f"--format=%H {DIFF_ID_TRAILER}", "main")
+    log = remote_log(bare, f"--format=%H {DIFF_ID_TRAILER}", "main")
     for line in log.splitlines():
         sha, _, trailers = line.partition(" ")
         for diff_id in filter(None, trailers.split(",")):
@@ -139,7 +139,7 @@ def remote_commits(bare: Path) -> dict[str, list[str]]:
 
 
 def merge_commits(bare: Path) -> list[str]:
-    return git_output(bare, "rev-list", "--merges", "main").split()
+    return remote_log(bare, "--merges", "--format=%H", "main").split()
 
 
 def block_file(bare: Path, label: str) -> str:
@@ -164,12 +164,5 @@ async def activity_runs(handle: WorkflowHandle[Any, Any]) -> list[tuple[str, str
 
 
 async def waiting_for_git_remote(handle: WorkflowHandle[Any, Any]) -> bool:
-    """Whether a turn is held up by the git remote: its current details say so, or one of
-    its activities is being retried after a git remote error."""
-    if "git remote" in (await current_details(handle)).lower():
-        return True
-    description = await handle.describe()
-    return any(
-        pending.last_failure.application_failure_info.type in GIT_REMOTE_ERRORS
-        for pending in description.raw_description.pending_activities
-    )
+    """Whether a turn's current details say that a decision waits out the git remote."""
+    return WAITING_FOR_GIT_REMOTE in await current_details(handle)
