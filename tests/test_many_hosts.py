@@ -5,8 +5,9 @@ A Temporal dev server, PostgreSQL, the git server (`dmem git-serve`'s, in this p
 dir, then host C with an empty one. The client has its own empty data dir too. Users hold
 conversations (each turn proposes a task for the user's human block, which the user approves
 by Update, approves by signal, or rejects) while host B is SIGKILLed: at seeded random
-instants, and at named crash points (between the local commit and the push, after a pushed
-decision before its activity reports, in the middle of a local commit). Then the git server is
+instants, and at named crash points (between the local commit and the push, after the push
+before the database records it, after a decision before its activity reports, in the middle of
+a local commit). Then the git server is
 stopped during an approval (its turn's details say it waits for the git remote, its Update is
 not answered, nothing reaches the remote) and restarted. Then host C joins with an empty data
 dir, A and B stop, and C serves every old user a turn whose context holds the task another
@@ -42,7 +43,7 @@ from temporalio.testing import WorkflowEnvironment
 from durable_memory.bootstrap import stack_from_settings
 from durable_memory.client import MemoryClient
 from durable_memory.config import Settings
-from durable_memory.faults import BEFORE_PUSH, MID_COMMIT
+from durable_memory.faults import AFTER_PUSH, BEFORE_PUSH, MID_COMMIT
 from durable_memory.gitserver.server import GitServer
 from durable_memory.memory.store.diffs import DiffStore
 from durable_memory.memory.store.git.remote import CLONES_DIR
@@ -76,9 +77,10 @@ pytestmark = pytest.mark.postgres
 SEED_VARIABLE = "DMEM_MANY_HOSTS_SEED"
 USERS = [f"mh{n}" for n in range(3)]
 MIN_TURNS_PER_USER = 3
-CRASH_POINTS = (BEFORE_PUSH, "after:dmem.decide", MID_COMMIT)
-"""Where host B's armed lives kill themselves: between the local commit and the push; after a
-decision is committed and pushed, before its activity reports; in the middle of a local commit."""
+CRASH_POINTS = (BEFORE_PUSH, AFTER_PUSH, "after:dmem.decide", MID_COMMIT)
+"""Where host B's armed lives kill themselves: between the local commit and the push; after the
+push, before the database records the commit; after a decision is recorded, before its activity
+reports; in the middle of a local commit."""
 RANDOM_KILLS = 3
 ALIVE_S = (0.5, 4.0)
 """How long a randomly killed life of host B lives once it polls (uniform, seeded)."""
