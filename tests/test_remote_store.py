@@ -284,6 +284,7 @@ def test_an_unknown_user_is_unknown_and_creates_nothing(
     with pytest.raises(UnknownUser):
         notes(a, "nobody")
     assert not remote.bare("nobody").exists()
+    assert not (tmp_path / "a" / "clones" / "nobody").exists()
 
 
 def test_a_symlink_pushed_by_hand_is_refused_not_followed(

@@ -183,6 +183,8 @@ class RemoteGitBlockStore(GitBlockStore):
             elif existing_bare_repository(self._shared_dir, user_id) is None:
                 raise UnknownUser(f"user '{user_id}' has no memory yet")
         if not self._is_repository(user_id):
+            if not create and self._shared_dir is None:
+                self._refuse_unknown(user_id)  # before leaving an empty clone behind
             self._create(user_id)  # an empty clone: the fetch below fills it
         path = self.repo_path(user_id)
         with user_lock(self.users_dir, user_id) as lock, git.Repo(path) as repo:
@@ -231,6 +233,12 @@ class RemoteGitBlockStore(GitBlockStore):
         if pins is not None:
             pins[user_id] = head
         return head
+
+    def _refuse_unknown(self, user_id: str) -> None:
+        """UnknownUser if the server says plainly that the user has no main."""
+        with contextlib.suppress(Unreadable):  # an odd server: git's fetch will say
+            if advertised_main(self.remote_url(user_id), self._token) is None:
+                raise UnknownUser(f"user '{user_id}' has no memory yet")
 
     def _remote_tip(self, user_id: str) -> str | None:
         """The remote's main as it is now, if it can be read without git (a shared directory's
