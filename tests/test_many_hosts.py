@@ -19,7 +19,7 @@ none for any other; each user's history linear and `git fsck` clean; every turn'
 recall once; both A and B ran turns' activities (the workflow histories name the worker of
 each); every crash point was reached; every data dir holds nothing but disposable clones.
 
-The seed is printed; `DMEM_MANY_HOSTS_SEED=<seed>` replays the same choices (the scheduler's
+The random seed is printed; `DMEM_MANY_HOSTS_SEED=<seed>` replays the same choices (the scheduler's
 interleaving still varies, so rerun a failing seed a few times).
 """
 
