@@ -40,6 +40,82 @@ class ChatMessage(BaseModel):
     content: list[ContentBlock]
 
 
+CacheTTL = Literal["5m", "1h"]
+"""How long a prompt-cache entry lives after its last use (Anthropic: 5 minutes by default)."""
+
+CACHE_TTL_SECONDS: dict[str, float] = {"5m": 300.0, "1h": 3600.0}
+MAX_CACHE_BREAKPOINTS = 4
+"""Blocks with `cache_control` one request may carry (the top-level automatic one included);
+the API refuses a request with more."""
+CACHE_LOOKBACK_BLOCKS = 20
+"""How many blocks before a breakpoint the API looks back for an earlier cache entry."""
+DEFAULT_MIN_CACHEABLE_TOKENS = 1024
+MIN_CACHEABLE_TOKENS: tuple[tuple[str, int], ...] = (
+    # Anthropic's prompt-caching docs: a shorter prefix is processed without caching, and
+    # without an error. First matching model-name prefix wins; others get the default.
+    ("claude-opus-4-5", 4096),
+    ("claude-opus-4-6", 4096),
+    ("claude-opus-4-7", 4096),
+    ("claude-haiku-4-5", 4096),
+    ("claude-3-5-haiku", 2048),
+    ("claude-haiku-3-5", 2048),
+    ("claude-3-haiku", 2048),
+)
+
+
+def min_cacheable_tokens(model: str) -> int:
+    """The shortest prefix (in tokens) `model` caches at a breakpoint."""
+    return next(
+        (n for prefix, n in MIN_CACHEABLE_TOKENS if model.startswith(prefix)),
+        DEFAULT_MIN_CACHEABLE_TOKENS,
+    )
+
+
+class CostFactors(BaseModel):
+    """Input tokens priced relative to an uncached one (Anthropic's prompt-caching prices)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    uncached: float = Field(default=1.0, ge=0)
+    cache_write_5m: float = Field(default=1.25, ge=0)
+    cache_write_1h: float = Field(default=2.0, ge=0)
+    cache_read: float = Field(default=0.1, ge=0)
+
+
+class TokenUsage(BaseModel):
+    """The input of one or more model calls as the API reports it: uncached input, tokens
+    written to the prompt cache (by TTL) and tokens read from it, and the output."""
+
+    model_config = ConfigDict(frozen=True)
+
+    input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_write_1h_tokens: int = 0
+    """Of cache_creation_input_tokens, those written with the 1-hour TTL."""
+    output_tokens: int = 0
+    calls: int = 0
+
+    def __add__(self, other: "TokenUsage") -> "TokenUsage":
+        return TokenUsage(
+            **{name: getattr(self, name) + getattr(other, name) for name in TokenUsage.model_fields}
+        )
+
+    @property
+    def total_input_tokens(self) -> int:
+        return self.input_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens
+
+    def input_equivalents(self, factors: CostFactors) -> float:
+        """The input's cost in uncached input tokens."""
+        written_5m = self.cache_creation_input_tokens - self.cache_write_1h_tokens
+        return (
+            self.input_tokens * factors.uncached
+            + written_5m * factors.cache_write_5m
+            + self.cache_write_1h_tokens * factors.cache_write_1h
+            + self.cache_read_input_tokens * factors.cache_read
+        )
+
+
 class ModelReply(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -48,10 +124,25 @@ class ModelReply(BaseModel):
     model: str
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_write_1h_tokens: int = 0
+    """The cache numbers are 0 in a reply stored before replies recorded them."""
 
     @property
     def text(self) -> str:
         return "\n".join(b.text for b in self.content if isinstance(b, TextBlock))
+
+    @property
+    def usage(self) -> TokenUsage:
+        return TokenUsage(
+            input_tokens=self.input_tokens,
+            cache_creation_input_tokens=self.cache_creation_input_tokens,
+            cache_read_input_tokens=self.cache_read_input_tokens,
+            cache_write_1h_tokens=self.cache_write_1h_tokens,
+            output_tokens=self.output_tokens,
+            calls=1,
+        )
 
     @property
     def tool_uses(self) -> list[ToolUseBlock]:
