@@ -18,6 +18,7 @@ from typing import Any
 
 from durable_memory.config import MemorySettings, Settings, TemporalSettings
 from durable_memory.demo import free_port
+from durable_memory.memory.agent.context import TURN_NOTE_START
 from durable_memory.scripted_model import ScriptedModelServer
 
 SEARCH = {
@@ -167,7 +168,11 @@ class EndlessScript(ScriptedModelServer):
     def _answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
         last = body["messages"][-1]["content"]
         blocks = last if isinstance(last, list) else [{"type": "text", "text": last}]
-        said = " ".join(b["text"] for b in blocks if b.get("type") == "text")
+        said = " ".join(
+            b["text"]
+            for b in blocks
+            if b.get("type") == "text" and not b["text"].startswith(TURN_NOTE_START)
+        )
         self.extend(
             [PROPOSAL if "propose" in said else SEARCH if "search" in said else {"text": "ok"}]
         )

@@ -13,6 +13,7 @@ from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.store.bare_repos import read_git_token
 from durable_memory.memory.store.sql import is_postgres_url
 from durable_memory.models.activity_settings import SETTINGS_FILE_CONTEXT, ActivitiesSettings
+from durable_memory.models.llm import CostFactors
 from durable_memory.models.turn import (
     DEFAULT_GIT_REMOTE_WAIT_S,
     MAX_STEPS_LIMIT,
@@ -178,6 +179,8 @@ class Settings(BaseModel):
     activities: ActivitiesSettings = ActivitiesSettings()
     turn: TurnSettings = TurnSettings()
     rotation: RotationScheduleSettings = RotationScheduleSettings()
+    cost_factors: CostFactors = CostFactors()
+    """Prompt-cache prices relative to an uncached input token (Anthropic's by default)."""
 
     def turn_settings(self) -> WorkerTurnSettings:
         """What a turn on this deployment runs with; its worker hands it to each turn."""
@@ -186,6 +189,7 @@ class Settings(BaseModel):
             approval_ttl_s=self.turn.approval_ttl_s,
             activities=self.activities,
             git_remote_wait_s=self.turn.git_remote_wait_s,
+            cost_factors=self.cost_factors,
         )
 
 

@@ -92,7 +92,9 @@ The user.
 </memory_blocks>"""
 
 
-def test_system_prompt_is_instructions_memory_and_metadata(tmp_path: Path) -> None:
+def test_system_prompt_is_instructions_and_memory_and_the_turn_note_is_metadata(
+    tmp_path: Path,
+) -> None:
     memory, engine = _memory(tmp_path)
     diff = memory.review.propose(
         "alice", "student", AddItem(field="strengths", value="Grit"), "r", Proposer.turn("t0")
@@ -101,8 +103,11 @@ def test_system_prompt_is_instructions_memory_and_metadata(tmp_path: Path) -> No
         memory.sources(SummaryStore(engine)), "alice", tool_definitions(), archival_count=7
     )
     created = memory.git.history("alice", None, 1)[0].timestamp.isoformat()
-    assert context.system == (
-        "You are a test agent with memory.\n\n" + GOLDEN_MEMORY + "\n\n<memory_metadata>\n"
+    assert context.system_sections == ["You are a test agent with memory.", GOLDEN_MEMORY]
+    assert context.system == "You are a test agent with memory.\n\n" + GOLDEN_MEMORY
+    # What changes every turn is not in the system prompt (it would end every cached prefix).
+    assert context.turn_note == (
+        "<memory_metadata>\n"
         f"- Memory blocks were last modified at {created}\n"
         "- 0 messages between you and the user are stored in recall memory (use "
         "conversation_search to find them)\n"
@@ -222,9 +227,8 @@ def test_overflow_summary_is_made_by_the_model_through_the_sdk(tmp_path: Path) -
     assert result.reply == "Hello again."
     assert requests[0]["tools"] == []  # the summary call
     assert "old message 0" in requests[0]["messages"][0]["content"][0]["text"]
-    assert (
-        "<conversation_summary>\nThey talked about blah.\n</conversation_summary>"
-        in requests[1]["system"]
+    assert "<conversation_summary>\nThey talked about blah.\n</conversation_summary>" in "".join(
+        block["text"] for block in requests[1]["system"]
     )
     assert requests[1]["messages"][-1]["content"][0]["text"] == "new question"
 

@@ -47,7 +47,7 @@ from durable_memory.models.turn import (
 )
 from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workflows.turn import TurnWorkflow
-from tests.support.agent_helpers import edit_block
+from tests.support.agent_helpers import edit_block, said_texts
 from tests.support.temporal_helpers import turn_outcome
 from tests.support.worker_process import address, crash_settings, spawn_worker, stop_worker
 
@@ -91,13 +91,6 @@ def expected_reply(user_id: str, turn_id: str) -> str:
     return f"Noted {tag(user_id, turn_id)}."
 
 
-def _text_blocks(message: dict[str, Any]) -> list[str]:
-    content = message.get("content")
-    if isinstance(content, str):
-        return [content]
-    return [b.get("text", "") for b in content or [] if b.get("type") == "text"]
-
-
 def respond(request: dict[str, Any]) -> dict[str, Any]:
     """The scripted model, as a function of the conversation (turns run concurrently and are
     retried after kills, so no fixed order of requests exists): the first step of a turn
@@ -107,7 +100,7 @@ def respond(request: dict[str, Any]) -> dict[str, Any]:
         found
         for m in messages
         if m["role"] == "user"
-        for text in _text_blocks(m)
+        for text in said_texts(m)
         for found in TAG.findall(text)
     ]
     if not tags:

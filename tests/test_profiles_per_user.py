@@ -19,6 +19,7 @@ from durable_memory.client import TurnFailed
 from durable_memory.memory.core.errors import DurableMemoryError, HandEditPending, ProfileError
 from durable_memory.memory.core.profiles import BUNDLED_PROFILES, load_profile
 from durable_memory.models.history import Author, AuthorKind
+from tests.support.agent_helpers import said_texts
 from tests.support.git_checks import git_output
 from tests.support.snapshots import snapshot
 from tests.support.temporal_helpers import rig_settings, running_rig
@@ -283,10 +284,7 @@ def _system(request: dict[str, Any]) -> str:
 
 
 def _last_user_text(request: dict[str, Any]) -> str:
-    content = [m for m in request["messages"] if m["role"] == "user"][-1]["content"]
-    if isinstance(content, str):
-        return content
-    return "".join(block.get("text", "") for block in content)
+    return "".join(said_texts([m for m in request["messages"] if m["role"] == "user"][-1]))
 
 
 async def test_two_users_with_their_own_profiles_share_one_worker(

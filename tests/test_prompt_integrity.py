@@ -209,19 +209,23 @@ def test_compiled_system_prompt_parses_into_exactly_its_sections(
         again = compile_context(memory.sources(summaries), "alice", tool_definitions())
     finally:
         memory.review.reject(diff.id, "alice", "test done")
-    assert again.system == context.system
+    assert (again.system, again.turn_note) == (context.system, context.turn_note)
     instructions = PROFILE.persona.instructions
     assert context.system.startswith(instructions + "\n\n")
+    assert context.system == "\n\n".join(context.system_sections)
     root = parse_sections(context.system[len(instructions) :])
     latest = summaries.latest("alice")
-    expected = ["memory_blocks", "memory_metadata"] + (["conversation_summary"] if latest else [])
+    expected = ["memory_blocks"] + (["conversation_summary"] if latest else [])
     assert [section.tag for section in root] == expected
     assert_blocks_round_trip(root[0], {spec.label: blocks[spec.label] for spec in PROFILE.blocks})
-    metadata = root[1].text or ""
+    if latest:
+        assert root[1].text == f"\n{latest[1]}\n"
+    # The turn note (sent at the end of the newest user turn) is exactly one section too.
+    note = parse_sections(context.turn_note)
+    assert [section.tag for section in note] == ["memory_metadata"]
+    metadata = note[0].text or ""
     items = [line for line in metadata.split("\n") if line.startswith("  - ")]
     assert items == [f"  - {diff.id}: {json.dumps(diff.summary, ensure_ascii=False)}"]
-    if latest:
-        assert root[2].text == f"\n{latest[1]}\n"
 
 
 # -- tool results ----------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 000_d8598551964ab573.txt."""
 
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
@@ -103,6 +103,10 @@ class ModelSettings(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     """Sent only when set: the API deprecated it, and newer models refuse non-default values."""
     context_window: int = Field(default=200_000, gt=0)
+    cache_ttl: Literal["5m", "1h", "off"] = "5m"
+    """The TTL of the prompt-cache breakpoints each request carries ("off": none). 1 hour
+    costs 2x per cache write instead of 1.25x, and pays when turns are more than 5 minutes
+    apart (docs/context-and-tools.md)."""
 
 
 class ToolSet(StrEnum):

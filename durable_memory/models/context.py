@@ -31,6 +31,13 @@ class CompiledContext(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     system: str
+    """The system prompt as one text: its sections joined by a blank line."""
+    system_sections: list[str] = []
+    """The same sections, stable first (instructions, memory blocks, summary): the request's
+    system blocks. Empty in a context stored before requests were laid out for the cache."""
+    turn_note: str = ""
+    """What changes every turn (the memory metadata): sent as the last block of the newest
+    user turn, after the cached prefix."""
     messages: list[ChatMessage]
     tools: list[dict[str, Any]]
     overview: ContextWindowOverview

@@ -2,32 +2,62 @@
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
+
+CacheTTL = Literal["5m", "1h"]
+"""How long a prompt-cache entry lives after its last use (Anthropic: 5 minutes by default)."""
 
 
-class TextBlock(BaseModel):
+class CacheControl(BaseModel):
+    """A prompt-cache breakpoint: the request's prefix through the block that carries it is
+    cached (Anthropic's `cache_control`)."""
+
     model_config = ConfigDict(frozen=True)
 
+    type: Literal["ephemeral"] = "ephemeral"
+    ttl: CacheTTL = "5m"
+
+
+class _Block(BaseModel):
+    """A content block: `cache_control` is serialised only when set, so a block without a
+    breakpoint has the same bytes it always had (in recall, stored contexts and requests)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    @model_serializer(mode="wrap")
+    def _marker_only_when_set(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("cache_control", 0) is None:
+            del data["cache_control"]
+        return data
+
+
+class TextBlock(_Block):
     type: Literal["text"] = "text"
     text: str
+    cache_control: CacheControl | None = None
 
 
-class ToolUseBlock(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class ToolUseBlock(_Block):
     type: Literal["tool_use"] = "tool_use"
     id: str
     name: str
     input: dict[str, Any]
+    cache_control: CacheControl | None = None
 
 
-class ToolResultBlock(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class ToolResultBlock(_Block):
     type: Literal["tool_result"] = "tool_result"
     tool_use_id: str
     content: str
     is_error: bool = False
+    cache_control: CacheControl | None = None
 
 
 ContentBlock = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
@@ -39,9 +69,6 @@ class ChatMessage(BaseModel):
     role: Literal["user", "assistant"]
     content: list[ContentBlock]
 
-
-CacheTTL = Literal["5m", "1h"]
-"""How long a prompt-cache entry lives after its last use (Anthropic: 5 minutes by default)."""
 
 CACHE_TTL_SECONDS: dict[str, float] = {"5m": 300.0, "1h": 3600.0}
 MAX_CACHE_BREAKPOINTS = 4
@@ -114,6 +141,17 @@ class TokenUsage(BaseModel):
             + self.cache_write_1h_tokens * factors.cache_write_1h
             + self.cache_read_input_tokens * factors.cache_read
         )
+
+
+class ModelRequest(BaseModel):
+    """What one model call sends besides the model's settings: laid out by the context
+    compiler (memory/agent/context.py: `model_request`), sent as it is by the adapter."""
+
+    model_config = ConfigDict(frozen=True)
+
+    system: list[TextBlock]
+    messages: list[ChatMessage]
+    tools: list[dict[str, Any]]
 
 
 class ModelReply(BaseModel):

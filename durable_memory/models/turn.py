@@ -16,6 +16,7 @@ from durable_memory.models.activity_settings import ActivitiesSettings
 from durable_memory.models.blocks import RotationStrategyName
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.ids import USER_ID
+from durable_memory.models.llm import CostFactors, TokenUsage
 
 MAX_MESSAGE_CHARS = 100_000
 MAX_EDITED_MARKDOWN_CHARS = 200_000
@@ -74,6 +75,10 @@ class WorkerTurnSettings(BaseModel):
         description="A decision whose commit cannot reach the git remote (unavailable, "
         "contended) is tried again with backoff for this long, then answered as not applied. "
         "Optional: settings recorded before it existed get the default.",
+    )
+    cost_factors: CostFactors = Field(
+        default=CostFactors(),
+        description="Input tokens priced relative to an uncached one, for the turn's cost.",
     )
 
     @property
@@ -199,6 +204,9 @@ class ModelStepResult(BaseModel):
     text: str
     tool_calls: int
     stop_reason: str | None
+    usage: TokenUsage = TokenUsage()
+    """The model call's tokens, cache writes and reads included (zero in a result recorded
+    before steps reported them)."""
 
 
 class SupersededDiff(BaseModel):
@@ -267,6 +275,10 @@ class TurnReply(BaseModel):
     reply: str
     diffs: list[ProposedDiff]
     stopped_at_step_limit: bool
+    usage: TokenUsage = TokenUsage()
+    """The turn's model calls: input, cache writes and reads, output (summed)."""
+    input_equivalents: float = 0.0
+    """What the turn's input cost, in uncached input tokens (the deployment's cost factors)."""
 
 
 class DecisionPayload(BaseModel):

@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
     from durable_memory.memory.store.git import validate_author_name
     from durable_memory.models.activity_settings import ActivitiesSettings
     from durable_memory.models.diffs import DiffStatus
+    from durable_memory.models.llm import CostFactors, TokenUsage
     from durable_memory.models.turn import (
         DecisionOutcome,
         DiffDecision,
@@ -159,6 +160,7 @@ class TurnWorkflow:
         self._decisions: DecisionQueue[DecisionAnswer] = DecisionQueue()
         self._previews: dict[str, DiffPreview] = {}
         self._rejected = 0
+        self._usage = TokenUsage()
         self._recent_rejections: list[str] = []
         self._git_remote_down_since: datetime | None = None
         """When the decisions applied since the queue was last empty first met a git remote
@@ -218,6 +220,8 @@ class TurnWorkflow:
             reply=reply,
             diffs=finished.diffs,
             stopped_at_step_limit=stopped,
+            usage=self._usage,
+            input_equivalents=self._usage.input_equivalents(settings.cost_factors),
         )
         self._previews = {p.diff_id: p for p in finished.previews}
         for diff in finished.diffs:
@@ -293,6 +297,8 @@ class TurnWorkflow:
                 **activity_options(self._activities.model_call),
             )
             text = result.text
+            self._usage += result.usage
+            self._show_details()
             if result.tool_calls == 0:
                 return text, False
             tools = await workflow.execute_activity_method(
@@ -553,6 +559,8 @@ class TurnWorkflow:
             rejected_signals=self._recent_rejections,
             rejected_count=self._rejected,
             git_remote_wait=self._git_remote_wait,
+            usage=self._usage,
+            cost_factors=self._settings.cost_factors if self._settings else CostFactors(),
         )
         workflow.set_current_details(render_details(details))
 

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 
 from durable_memory.memory.core.limits import cut_at_word
 from durable_memory.models.diffs import DiffStatus
+from durable_memory.models.llm import CostFactors, TokenUsage
 from durable_memory.models.turn import DecisionOutcome, DiffPreview, ProposedDiff
 
 DETAILS_LIMIT = 8000
@@ -142,6 +143,18 @@ class TurnDetails:
     rejected_signals: list[str] = field(default_factory=list)
     rejected_count: int = 0
     git_remote_wait: GitRemoteWait | None = None
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    cost_factors: CostFactors = field(default_factory=CostFactors)
+
+
+def usage_line(usage: TokenUsage, factors: CostFactors) -> str:
+    """The model calls' input and its cost, one line (`dmem context`, the turn's details)."""
+    return (
+        f"{usage.calls} model call(s): input {usage.input_tokens} uncached, "
+        f"{usage.cache_creation_input_tokens} written to the cache, "
+        f"{usage.cache_read_input_tokens} read from it; output {usage.output_tokens}; "
+        f"cost {usage.input_equivalents(factors):.0f} input-token equivalents"
+    )
 
 
 def _counts(details: TurnDetails) -> str:
@@ -165,6 +178,8 @@ def render_details(details: TurnDetails) -> str:
     if details.diffs:
         head.append(f"{HEADING}\n\n{_counts(details)}")
     tail: list[str] = []
+    if details.usage.calls:
+        tail.append(f"**Tokens**: {usage_line(details.usage, details.cost_factors)}")
     if details.rejected_count:
         latest = escape_markdown(details.rejected_signals[-1]) if details.rejected_signals else ""
         tail.append(f"**{details.rejected_count} decision signal(s) refused**; latest: {latest}")

@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from durable_memory.memory.agent.context import TURN_NOTE_START
 from durable_memory.memory.agent.llm import AnthropicModel
 from durable_memory.memory.agent.steps import TurnSteps, turn_reply
 from durable_memory.memory.agent.tools import MemoryTools
@@ -17,6 +18,7 @@ from durable_memory.memory.core.profiles import parse_profile
 from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.memory.store.turns import TurnStore
 from durable_memory.models.blocks import AgentProfile
+from durable_memory.models.llm import TokenUsage
 from durable_memory.models.turn import FinishInput, StepInput, TurnInput
 from durable_memory.scripted_model import ScriptedModelServer
 from tests.support.memory import MemoryRig
@@ -92,6 +94,8 @@ class TurnResult:
     diff_ids: list[str]
     steps: int
     stopped_at_step_limit: bool
+    usage: list[TokenUsage]
+    """Each model call's, in order."""
 
 
 def run_turn_steps(steps: TurnSteps, turn: TurnInput, max_steps: int) -> TurnResult:
@@ -100,10 +104,12 @@ def run_turn_steps(steps: TurnSteps, turn: TurnInput, max_steps: int) -> TurnRes
     steps.prepare(turn)
     diff_ids: list[str] = []
     text, stopped, step = "", True, 0
+    usage: list[TokenUsage] = []
     for step in range(1, max_steps + 1):
         where = StepInput(user_id=turn.user_id, turn_id=turn.turn_id, step=step)
         result = steps.call_model(where)
         text = result.text
+        usage.append(result.usage)
         if result.tool_calls == 0:
             stopped = False
             break
@@ -117,7 +123,7 @@ def run_turn_steps(steps: TurnSteps, turn: TurnInput, max_steps: int) -> TurnRes
             max_steps=max_steps,
         )
     )
-    return TurnResult(turn_reply(text, stopped, max_steps), diff_ids, step, stopped)
+    return TurnResult(turn_reply(text, stopped, max_steps), diff_ids, step, stopped, usage)
 
 
 @contextlib.contextmanager
@@ -152,6 +158,18 @@ def run_scripted_turn(
     with scripted_steps(memory, engine, script, archive) as (steps, server):
         turn = TurnInput(user_id=user_id, turn_id=turn_id, message=message)
         return run_turn_steps(steps, turn, max_steps), server.requests
+
+
+def said_texts(message: dict[str, Any]) -> list[str]:
+    """The text blocks of a recorded request's message as its speaker wrote them: the turn
+    note the context compiler adds to the newest user turn left out."""
+    content = message.get("content")
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
+    return [
+        b["text"]
+        for b in blocks
+        if b.get("type") == "text" and not b["text"].startswith(TURN_NOTE_START)
+    ]
 
 
 def tool_results(request: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,12 +1,16 @@
-"""compile_context: everything one model call needs, and how much of the window it takes.
+"""compile_context: everything one model call needs, and how much of the window it takes;
+model_request: how a call lays it out for the prompt cache.
 
-The system prompt is: the profile's instructions (not editable by the agent), the memory
-blocks in Letta's rendering, a memory-metadata section (archival and recall counts, when
-memory last changed, the agent's own pending proposals), and the conversation summary if
-older messages were summarised. Every text in a section is escaped
-(formats.escape_prompt_text): no block value, diff summary or summary can close or open a
-section. The messages are recall's messages after the summary. The output is a pure function
-of the stored state: compiling twice gives the same bytes.
+A request runs from the most stable part to the least, because Anthropic's prompt cache
+reuses a prefix only while it is byte-identical: the tools, the profile's instructions (not
+editable by the agent), the memory blocks in Letta's rendering, the conversation summary if
+older messages were summarised (these three are the system prompt's blocks), the messages
+(recall's messages after the summary), and last the turn note: the memory-metadata section
+(archival and recall counts, when memory last changed, the agent's own pending proposals),
+which changes every turn, as the last block of the newest user turn. Every text in a section
+is escaped (formats.escape_prompt_text): no block value, diff summary or summary can close or
+open a section. The output is a pure function of the stored state: compiling twice gives the
+same bytes. docs/context-and-tools.md has the breakpoints and what invalidates what.
 """
 
 import json
@@ -22,8 +26,11 @@ from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.models.context import CompiledContext, ContextWindowOverview
 from durable_memory.models.llm import (
+    CacheControl,
+    CacheTTL,
     ChatMessage,
     ContentBlock,
+    ModelRequest,
     TextBlock,
     ToolResultBlock,
     ToolUseBlock,
@@ -35,6 +42,9 @@ KEEP_SHARE_AFTER_SUMMARY = 0.5
 MESSAGE_OVERHEAD_TOKENS = 4
 """Per message, for the role and framing around its content block."""
 """After summarising, the kept messages take at most this share of the message budget."""
+
+TURN_NOTE_START = "<memory_metadata>"
+"""How the turn note begins: the block after the user's own text in the newest user turn."""
 
 Summarizer = Callable[[Sequence[RecallMessage], str | None], str]
 """(messages to fold in, previous summary) -> new summary. In production: a model call."""
@@ -103,7 +113,7 @@ def _metadata(sources: ContextSources, user_id: str, archival_count: int, recall
     own = [d for d in sources.review.pending(user_id) if d.proposer.turn_id is not None]
     changed = last.timestamp.isoformat() if last else "never"
     lines = [
-        "<memory_metadata>",
+        TURN_NOTE_START,
         f"- Memory blocks were last modified at {changed}",
         f"- {recall_count} messages between you and the user are stored in recall memory "
         "(use conversation_search to find them)",
@@ -188,7 +198,7 @@ def _compile(
         else ""
     )
     instructions = profile.persona.instructions.strip()
-    system = "\n\n".join(p for p in (instructions, core, metadata, summary_text) if p)
+    sections = [p for p in (instructions, core, summary_text) if p]
     recent = sources.recall.after(user_id, after)
     messages = to_chat_messages(recent)
     tokens = {
@@ -202,7 +212,9 @@ def _compile(
     total = sum(tokens.values())
     window = profile.model.context_window
     return CompiledContext(
-        system=system,
+        system="\n\n".join(sections),
+        system_sections=sections,
+        turn_note=metadata,
         messages=messages,
         tools=tools,
         last_message_id=recent[-1].id if recent else after,
@@ -222,3 +234,50 @@ def _compile(
             summarized_through_message_id=after,
         ),
     )
+
+
+def _with_marker(message: ChatMessage, marker: CacheControl) -> ChatMessage:
+    """`message` with a cache breakpoint on its last block."""
+    *before, last = message.content
+    return message.model_copy(
+        update={"content": [*before, last.model_copy(update={"cache_control": marker})]}
+    )
+
+
+def model_request(
+    context: CompiledContext, continuation: Sequence[ChatMessage], ttl: CacheTTL | None
+) -> ModelRequest:
+    """One model call of a turn: the turn's compiled context, the messages its earlier steps
+    added (`continuation`), and the turn note at the end of the newest user turn.
+
+    With a `ttl`, cache breakpoints (at most 4, the API's limit) sit after the instructions
+    (with the tools before them: stable until a deploy changes either), after the memory
+    blocks and summary (until an approval or a summary changes them), after the turn's
+    user message (for every later step of the turn), and after the conversation so far,
+    just before the turn note (what the next step and the next turn read). The note, sent
+    after the last breakpoint, is never written to the cache: it would never be read.
+    A context stored before it had sections is sent as one system block."""
+    sections = context.system_sections or [context.system]
+    system = [TextBlock(text=text) for text in sections]
+    messages = [*context.messages, *continuation]
+    if ttl is not None:
+        marker = CacheControl(ttl=ttl)
+        system = [
+            block.model_copy(update={"cache_control": marker})
+            if index in (0, len(system) - 1)
+            else block
+            for index, block in enumerate(system)
+        ]
+        if continuation and context.messages:
+            turn_start = len(context.messages) - 1
+            messages[turn_start] = _with_marker(messages[turn_start], marker)
+        if messages:
+            messages[-1] = _with_marker(messages[-1], marker)
+    if context.turn_note:
+        note = TextBlock(text=context.turn_note)
+        if messages and messages[-1].role == "user":
+            last = messages[-1]
+            messages[-1] = last.model_copy(update={"content": [*last.content, note]})
+        else:
+            messages.append(ChatMessage(role="user", content=[note]))
+    return ModelRequest(system=system, messages=messages, tools=context.tools)

@@ -3,6 +3,10 @@
 The SDK's own retries are off (`max_retries=0`): whoever calls (a Temporal activity) owns
 retries. Errors are classified once, here: 408, 409, 429, 5xx, overloaded and connection
 errors are retryable (with the server's `retry-after` when it sends one); other 4xx are not.
+
+Requests go out as laid out by the context compiler (`model_request`: system blocks and
+messages with their cache breakpoints); each reply records the call's usage: uncached input,
+cache writes (and of them, the 1-hour ones) and cache reads.
 """
 
 import os
@@ -98,7 +102,7 @@ class AnthropicModel:
     def create(
         self,
         settings: ModelSettings,
-        system: str,
+        system: str | list[TextBlock],
         messages: list[ChatMessage],
         tools: list[dict[str, Any]],
     ) -> ModelReply:
@@ -114,7 +118,11 @@ class AnthropicModel:
                     if settings.temperature is not None
                     else None
                 ),
-                system=system,
+                system=(
+                    system
+                    if isinstance(system, str)
+                    else [b.model_dump(mode="json") for b in system]
+                ),
                 messages=[m.model_dump(mode="json") for m in messages],
                 tools=tools,
             )
@@ -126,12 +134,17 @@ class AnthropicModel:
                 content.append(TextBlock(text=block.text))
             elif block.type == "tool_use":
                 content.append(ToolUseBlock(id=block.id, name=block.name, input=dict(block.input)))
+        usage = response.usage
+        by_ttl = usage.cache_creation
         return ModelReply(
             content=content,
             stop_reason=response.stop_reason,
             model=response.model,
-            input_tokens=response.usage.input_tokens,
-            output_tokens=response.usage.output_tokens,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
+            cache_read_input_tokens=usage.cache_read_input_tokens or 0,
+            cache_write_1h_tokens=by_ttl.ephemeral_1h_input_tokens if by_ttl else 0,
         )
 
     def close(self) -> None:

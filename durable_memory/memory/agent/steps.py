@@ -24,6 +24,7 @@ from durable_memory.memory.agent.context import (
     ContextSources,
     Summarizer,
     compile_context,
+    model_request,
     to_chat_messages,
 )
 from durable_memory.memory.agent.tool_specs import check_input_size, tool_definitions
@@ -119,7 +120,7 @@ class ChatModel(Protocol):
     def create(
         self,
         settings: ModelSettings,
-        system: str,
+        system: str | list[TextBlock],
         messages: list[ChatMessage],
         tools: list[dict[str, object]],
     ) -> ModelReply: ...
@@ -272,9 +273,11 @@ class TurnSteps:
         if reply is None:
             context = self.turns.context(step.user_id, step.turn_id)
             earlier = self.sources.recall.turn(step.user_id, step.turn_id, TurnPositions.FIRST_STEP)
-            messages = context.messages + to_chat_messages(earlier, start_with_user=False)
+            continuation = to_chat_messages(earlier, start_with_user=False)
             settings = self.sources.blocks.profile(step.user_id).model
-            reply = self.model.create(settings, context.system, messages, context.tools)
+            ttl = None if settings.cache_ttl == "off" else settings.cache_ttl
+            request = model_request(context, continuation, ttl)
+            reply = self.model.create(settings, request.system, request.messages, request.tools)
             check_tool_calls(reply)
             reply = self.turns.save_reply(step.user_id, step.turn_id, step.step, reply)
             crash_point(AFTER_MODEL_CALL)
@@ -288,6 +291,7 @@ class TurnSteps:
             text=reply_text(reply),
             tool_calls=len(reply.tool_uses),
             stop_reason=reply.stop_reason,
+            usage=reply.usage,
         )
 
     def run_tools(self, step: StepInput) -> ToolStepResult:
