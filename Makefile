@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.memory --out bench/results/memory.json
 	pg_virtualenv -t -o max_connections=200 \
 		$(BIN)/python -m bench.distributed --out bench/results/distributed.json
+	$(BIN)/python -m bench.prompt_cache --out bench/results/prompt_cache.json
 	$(BIN)/python -m bench.plots
 
 clean:

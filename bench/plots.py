@@ -119,6 +119,33 @@ def archive(archive_: dict[str, Any], out: Path) -> None:
     _save(fig, out)
 
 
+def prompt_cache(cache: dict[str, Any], out: Path) -> None:
+    rows = cache["turns"]
+    turns = [r["turn"] for r in rows]
+    edits = [r["turn"] for r in rows if r["approved_edits"]]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.plot(turns, [r["uncached"] for r in rows], "^-", color="tab:red", label="uncached")
+    ax.plot(turns, [r["cached"] for r in rows], "o-", color=OURS, label="cached (this layout)")
+    ax.plot(turns, [r["prefix_floor"] for r in rows], ":", color="black", label="prefix floor")
+    ax.plot(turns, [r["floor"] for r in rows], "s--", color=FLOOR, label="floor")
+    for turn in edits:
+        ax.axvline(turn + 0.5, color="tab:orange", alpha=0.25)
+    t = cache["totals"]
+    ax.set_title(
+        f"Input per turn, {len(rows)} turns (orange: an edit approved): cached "
+        f"{cache['cached_over_floor']:.2f}x floor, {cache['cached_over_uncached']:.2f}x uncached "
+        f"(totals {t['cached'] / 1000:.0f}k / {t['floor'] / 1000:.0f}k / "
+        f"{t['uncached'] / 1000:.0f}k)",
+        fontsize=9,
+    )
+    ax.set_xlabel("turn")
+    ax.set_ylabel("input-token equivalents")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    _save(fig, out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--results", type=Path, default=Path("bench/results"))
@@ -130,6 +157,7 @@ def main() -> None:
     throughput(pipeline, args.docs / "bench-throughput.png")
     context_compile(_load(args.results, "context_compile"), args.docs / "bench-context-compile.png")
     archive(_load(args.results, "archive_search"), args.docs / "bench-archive-search.png")
+    prompt_cache(_load(args.results, "prompt_cache"), args.docs / "bench-prompt-cache.png")
 
 
 if __name__ == "__main__":

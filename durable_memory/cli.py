@@ -332,8 +332,18 @@ def cmd_context(args: argparse.Namespace) -> None:
         f"\n{'total':<20} {o.total_tokens:>8} of {o.context_window} ({o.share_used:.1%})"
         f"\n{o.message_count} messages in context, {o.recall_message_count} in recall, "
         f"{o.archival_passage_count} archival passages"
+        "\ncache breakpoints after: tools + instructions "
+        f"{o.tools_tokens + o.system_tokens} | memory blocks + summary "
+        f"{o.core_memory_tokens + o.summary_tokens} | conversation {o.messages_tokens}; "
+        f"then the turn note, uncached: {o.metadata_tokens}"
     )
-    _emit(args, o, text)
+    latest = stack.turns.latest_usage(args.user)
+    if latest is not None:
+        text += f"\nlatest turn {latest[0]}: {latest[1].describe(_settings(args).cost_factors)}"
+    data = o.model_dump(mode="json") | {
+        "latest_turn": {"turn_id": latest[0], **latest[1].model_dump()} if latest else None
+    }
+    _emit(args, data, text)
 
 
 def cmd_archive_search(args: argparse.Namespace) -> None:

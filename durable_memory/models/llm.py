@@ -132,6 +132,15 @@ class TokenUsage(BaseModel):
     def total_input_tokens(self) -> int:
         return self.input_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens
 
+    def describe(self, factors: CostFactors) -> str:
+        """One line: the calls' input and its cost (`dmem context`, a turn's details)."""
+        return (
+            f"{self.calls} model call(s): input {self.input_tokens} uncached, "
+            f"{self.cache_creation_input_tokens} written to the cache, "
+            f"{self.cache_read_input_tokens} read from it; output {self.output_tokens}; "
+            f"cost {self.input_equivalents(factors):.0f} input-token equivalents"
+        )
+
     def input_equivalents(self, factors: CostFactors) -> float:
         """The input's cost in uncached input tokens."""
         written_5m = self.cache_creation_input_tokens - self.cache_write_1h_tokens

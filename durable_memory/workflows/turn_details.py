@@ -147,16 +147,6 @@ class TurnDetails:
     cost_factors: CostFactors = field(default_factory=CostFactors)
 
 
-def usage_line(usage: TokenUsage, factors: CostFactors) -> str:
-    """The model calls' input and its cost, one line (`dmem context`, the turn's details)."""
-    return (
-        f"{usage.calls} model call(s): input {usage.input_tokens} uncached, "
-        f"{usage.cache_creation_input_tokens} written to the cache, "
-        f"{usage.cache_read_input_tokens} read from it; output {usage.output_tokens}; "
-        f"cost {usage.input_equivalents(factors):.0f} input-token equivalents"
-    )
-
-
 def _counts(details: TurnDetails) -> str:
     """How many diffs are in each status, in DiffStatus's order: `2 pending · 1 approved`."""
     statuses = [
@@ -179,7 +169,7 @@ def render_details(details: TurnDetails) -> str:
         head.append(f"{HEADING}\n\n{_counts(details)}")
     tail: list[str] = []
     if details.usage.calls:
-        tail.append(f"**Tokens**: {usage_line(details.usage, details.cost_factors)}")
+        tail.append(f"**Tokens**: {details.usage.describe(details.cost_factors)}")
     if details.rejected_count:
         latest = escape_markdown(details.rejected_signals[-1]) if details.rejected_signals else ""
         tail.append(f"**{details.rejected_count} decision signal(s) refused**; latest: {latest}")

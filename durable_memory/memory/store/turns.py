@@ -17,10 +17,10 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Table, event, inspect, text
-from sqlmodel import Field, Session, SQLModel
+from sqlmodel import Field, Session, SQLModel, col, select
 
 from durable_memory.models.context import CompiledContext
-from durable_memory.models.llm import ModelReply
+from durable_memory.models.llm import ModelReply, TokenUsage
 
 
 class TurnContextRow(SQLModel, table=True):
@@ -102,6 +102,25 @@ class TurnStore:
         with Session(self.engine) as session:
             row = session.get(TurnStepRow, (user_id, turn_id, step))
         return ModelReply.model_validate_json(row.reply) if row else None
+
+    def latest_usage(self, user_id: str) -> tuple[str, TokenUsage] | None:
+        """The user's most recent turn that called the model, and its calls' usage summed."""
+        with Session(self.engine) as session:
+            newest = session.exec(
+                select(TurnStepRow)
+                .where(TurnStepRow.user_id == user_id)
+                .order_by(col(TurnStepRow.created_at).desc())
+                .limit(1)
+            ).first()
+            if newest is None:
+                return None
+            rows = session.exec(
+                select(TurnStepRow).where(
+                    TurnStepRow.user_id == user_id, TurnStepRow.turn_id == newest.turn_id
+                )
+            ).all()
+        usage = sum((ModelReply.model_validate_json(r.reply).usage for r in rows), TokenUsage())
+        return newest.turn_id, usage
 
     def save_reply(self, user_id: str, turn_id: str, step: int, reply: ModelReply) -> ModelReply:
         """Keep the first reply stored for a step of a user's turn."""
