@@ -132,7 +132,7 @@ def _turn(steps: TurnSteps, turn: int, message: str) -> tuple[list[TokenUsage], 
 def run(turns: int, factors: CostFactors, seed: int = 19) -> dict[str, Any]:
     rng = random.Random(seed)
     floor = Floor(factors)
-    rows = []
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp, ScriptedModelServer([]) as server:
         stack: MemoryStack = open_stack(Path(tmp), profile="essay_coach")
         stack.blocks.ensure_user(USER)
