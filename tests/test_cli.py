@@ -19,6 +19,9 @@ from durable_memory.cli import build_parser, main
 from durable_memory.client import TurnFailed
 from durable_memory.config import Settings
 from durable_memory.memory.agent.llm import AnthropicModel, ModelCallError
+from durable_memory.models.turn import TurnInput
+from durable_memory.scripted_model import ScriptedModelServer
+from tests.support.agent_helpers import run_turn_steps
 from tests.support.temporal_helpers import rig_settings, running_rig
 from tests.test_model_adapter import HELLO, SETTINGS
 
@@ -95,6 +98,29 @@ def test_editor_output_that_breaks_the_schema_changes_nothing(
     assert "line 5 (section 'Stage')" in err
     assert "must be one of" in err
     assert dmem("history", "alice", "journey", "--json")[1] == before
+
+
+def test_dmem_context_shows_the_cached_parts_and_the_latest_turn(
+    dmem: Runner, tmp_path: Path
+) -> None:
+    from durable_memory.bootstrap import open_stack
+
+    assert dmem("init", "alice")[0] == 0
+    stack = open_stack(tmp_path / "data", profile="essay_coach")
+    with ScriptedModelServer([{"text": "hi"}]) as server:
+        model = AnthropicModel(base_url=server.url)
+        run_turn_steps(
+            stack.turn_steps(model), TurnInput(user_id="alice", turn_id="t1", message="hello"), 8
+        )
+        model.close()
+    stack.close()
+    code, out, _ = dmem("context", "alice")
+    assert code == 0
+    assert "cache breakpoints after: tools + instructions" in out
+    assert "latest turn t1: 1 model call(s)" in out
+    assert "input-token equivalents" in out
+    code, out, _ = dmem("context", "alice", "--json")
+    assert json.loads(out)["latest_turn"]["calls"] == 1
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 
 from durable_memory.memory.agent.context import TURN_NOTE_START
 from durable_memory.memory.agent.llm import AnthropicModel
-from durable_memory.memory.agent.steps import TurnSteps, turn_reply
+from durable_memory.memory.agent.steps import ChatModel, TurnSteps, turn_reply
 from durable_memory.memory.agent.tools import MemoryTools
 from durable_memory.memory.archive.protocol import ArchiveStore
 from durable_memory.memory.core.profiles import parse_profile
@@ -137,11 +137,18 @@ def scripted_steps(
     with ScriptedModelServer(script) as server:
         model = AnthropicModel(base_url=server.url)
         try:
-            tools = MemoryTools(memory.blocks, memory.review, memory.recall, archive)
-            sources = memory.sources(SummaryStore(engine))
-            yield TurnSteps(sources, archive, tools, model, TurnStore(engine)), server
+            yield turn_steps(memory, engine, model, archive), server
         finally:
             model.close()
+
+
+def turn_steps(
+    memory: MemoryRig, engine: Engine, model: ChatModel, archive: ArchiveStore | None = None
+) -> TurnSteps:
+    """A turn's steps on `memory`, calling `model`."""
+    tools = MemoryTools(memory.blocks, memory.review, memory.recall, archive)
+    sources = memory.sources(SummaryStore(engine))
+    return TurnSteps(sources, archive, tools, model, TurnStore(engine))
 
 
 def run_scripted_turn(
