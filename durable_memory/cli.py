@@ -319,6 +319,7 @@ def cmd_chat(args: argparse.Namespace) -> None:
 def cmd_context(args: argparse.Namespace) -> None:
     with _stack(args) as stack:
         o = stack.compile(args.user).overview
+        latest = stack.turns.latest_usage(args.user)
     rows = [
         ("system instructions", o.system_tokens),
         ("core memory", o.core_memory_tokens),
@@ -337,7 +338,6 @@ def cmd_context(args: argparse.Namespace) -> None:
         f"{o.core_memory_tokens + o.summary_tokens} | conversation {o.messages_tokens}; "
         f"then the turn note, uncached: {o.metadata_tokens}"
     )
-    latest = stack.turns.latest_usage(args.user)
     if latest is not None:
         text += f"\nlatest turn {latest[0]}: {latest[1].describe(_settings(args).cost_factors)}"
     data = o.model_dump(mode="json") | {
