@@ -30,6 +30,7 @@ from durable_memory.memory.service.review import Review
 from durable_memory.memory.store.block_repository import BlockRepository
 from durable_memory.memory.store.db import make_engine
 from durable_memory.memory.store.diffs import DiffStore
+from durable_memory.memory.store.erasure import ErasureLedger, erase_user_rows
 from durable_memory.memory.store.git import GitBlockStore, RemoteGitBlockStore
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.rotation_state import RotationStateStore
@@ -38,6 +39,7 @@ from durable_memory.memory.store.turns import TurnStore
 from durable_memory.memory.store.users import UserDirectory
 from durable_memory.models.blocks import AgentProfile
 from durable_memory.models.context import CompiledContext
+from durable_memory.models.erasure import ForgetStore
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +55,8 @@ class MemoryStack(MemoryFaces):
     git: GitBlockStore
     """The users' repositories as files (with a git remote: this host's clones of them), for
     what inspects them (snapshots, benchmarks): memory is read and changed through the faces."""
+    erasures: ErasureLedger
+    """The erasure records (`dmem forget`); an open one keeps the user's turns out."""
     engine: Engine
 
     def compile(self, user_id: str, summarizer: Summarizer | None = None) -> CompiledContext:
@@ -61,6 +65,14 @@ class MemoryStack(MemoryFaces):
     def turn_steps(self, model: ChatModel) -> TurnSteps:
         """The steps of a turn on this stack, calling `model`."""
         return TurnSteps(self.sources(), self.archive, self.tools, model, self.turns)
+
+    def forget_in(self, user_id: str, store: ForgetStore) -> int:
+        """Delete everything of the user in one store (idempotent); how much there was."""
+        if store is ForgetStore.ARCHIVE:
+            return self.archive.forget_user(user_id)
+        if store is ForgetStore.REPOSITORY:
+            return self.git.forget_user(user_id)
+        return erase_user_rows(self.engine, user_id)
 
     def sources(self) -> ContextSources:
         """What a turn's context is compiled from."""
@@ -139,6 +151,7 @@ def open_stack(
         rotator=Rotator(faces.blocks, git, archive, RotationStateStore(engine), target_ratio),
         tools=MemoryTools(faces.blocks, faces.review, recall, archive),
         git=git,
+        erasures=ErasureLedger(engine),
         engine=engine,
     )
 

@@ -6,7 +6,8 @@ the password of HTTP basic auth, compared in constant time) or gets 401; the use
 is validated before any path is built, and only the smart protocol's three endpoints are served
 (no dumb HTTP file access); a missing repository is created, atomically, on the first push;
 request bodies are bounded (413); the backend's stderr is logged and a backend that hangs is
-killed after a timeout (504).
+killed after a timeout (504). `DELETE /<user>.git` (with the token) deletes a user's
+repository, for `dmem forget`: renamed out of place, then removed (204; 404 if there is none).
 """
 
 import logging
@@ -26,6 +27,7 @@ from durable_memory.gitserver.requests import BodyTooLarge, authorized, read_bod
 from durable_memory.loopback_server import ThreadedHTTPServer
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.store.bare_repos import (
+    delete_bare_repository,
     ensure_bare_repository,
     existing_bare_repository,
     install_hook,
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 256 << 20
 DEFAULT_CGI_TIMEOUT_SECONDS = 300.0
+_REPOSITORY = re.compile(r"/([^/]+)\.git/?")
 _ROUTE = re.compile(r"/([^/]+)\.git/(info/refs|git-upload-pack|git-receive-pack)")
 _SERVICES = ("git-upload-pack", "git-receive-pack")
 
@@ -75,6 +78,40 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._serve()
 
+    def do_DELETE(self) -> None:
+        """Delete one user's repository (a forget): the only request that removes anything."""
+        if not self._authorized():
+            return
+        route = _REPOSITORY.fullmatch(unquote(self.path))
+        if route is None:
+            self._refuse(HTTPStatus.METHOD_NOT_ALLOWED, "only a repository can be deleted")
+            return
+        try:
+            removed = delete_bare_repository(self.settings.root, route.group(1))
+        except DurableMemoryError as error:  # an invalid user id
+            self._refuse(HTTPStatus.NOT_FOUND, str(error))
+            return
+        if not removed:
+            self._refuse(HTTPStatus.NOT_FOUND, f"no repository for user '{route.group(1)}'")
+            return
+        log.info("deleted the repository of user '%s' (a forget)", route.group(1))
+        self.send_response(HTTPStatus.NO_CONTENT)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def _authorized(self) -> bool:
+        """Whether the request carries the token; if not, it is answered 401 here."""
+        if self.settings.token is None or authorized(
+            self.headers.get("Authorization"), self.settings.token
+        ):
+            return True
+        self._refuse(
+            HTTPStatus.UNAUTHORIZED,
+            "a token is required",
+            **{"WWW-Authenticate": 'Basic realm="dmem git"'},
+        )
+        return False
+
     def _refuse(self, status: HTTPStatus, message: str, **headers: str) -> None:
         body = f"{message}\n".encode()
         self.send_response(status)
@@ -89,14 +126,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self) -> None:
         settings = self.settings
-        if settings.token is not None and not authorized(
-            self.headers.get("Authorization"), settings.token
-        ):
-            self._refuse(
-                HTTPStatus.UNAUTHORIZED,
-                "a token is required",
-                **{"WWW-Authenticate": 'Basic realm="dmem git"'},
-            )
+        if not self._authorized():
             return
         path, _, query = self.path.partition("?")
         route = _ROUTE.fullmatch(unquote(path))

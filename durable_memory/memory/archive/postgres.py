@@ -201,6 +201,14 @@ class PostgresArchive:
             )
             return int(result.rowcount)
 
+    def forget_user(self, user_id: str) -> int:
+        validate_user_id(user_id)
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                text("DELETE FROM archive_passages WHERE user_id = :user"), {"user": user_id}
+            )
+            return int(result.rowcount)
+
     # -- reads -----------------------------------------------------------------------------
 
     def count(self, user_id: str) -> int:

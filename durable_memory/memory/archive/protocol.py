@@ -41,6 +41,11 @@ class ArchiveStore(Protocol):
 
     def delete(self, user_id: str, ids: list[str]) -> int: ...
 
+    def forget_user(self, user_id: str) -> int:
+        """Delete every passage of the user, leaving nothing of them in the store (idempotent);
+        how many passages there were."""
+        ...
+
 
 SYSTEM_CHUNK_TOKENS = 512
 """Chunk size for text archived by the system: the embedder reads 512 tokens at most."""

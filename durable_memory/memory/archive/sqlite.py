@@ -28,6 +28,7 @@ from durable_memory.memory.archive.protocol import (
 )
 from durable_memory.memory.archive.vector_cache import VECTOR_CACHE_BYTES, UserVectors, VectorCache
 from durable_memory.memory.core.ids import validate_user_id
+from durable_memory.memory.store.erasure import truncate_wal
 from durable_memory.memory.store.recall import fts_terms
 from durable_memory.memory.store.sql import OwnedIndex, connect_sqlite, immediate, utc
 from durable_memory.models.archive import (
@@ -207,6 +208,26 @@ class SqliteArchive:
             if deleted:
                 self._bump(db, user_id)
         return deleted
+
+    def forget_user(self, user_id: str) -> int:
+        """Delete the user's passages with `secure_delete` (their bytes zeroed), merge the
+        full-text index (FTS5 keeps a deleted row's tokens in old segments until then) and
+        empty the WAL (its page images hold them too)."""
+        validate_user_id(user_id)
+        db = self._db()
+        db.execute("PRAGMA secure_delete = ON")
+        try:
+            with immediate(db):
+                deleted = db.execute("DELETE FROM passages WHERE user_id = ?", (user_id,)).rowcount
+                db.execute("DELETE FROM archive_versions WHERE user_id = ?", (user_id,))
+                db.execute(
+                    f"INSERT INTO {PASSAGES_FTS.name} ({PASSAGES_FTS.name}) VALUES ('optimize')"
+                )
+        finally:
+            db.execute("PRAGMA secure_delete = OFF")
+        truncate_wal(db)
+        self._cache.forget(user_id)
+        return int(deleted)
 
     # -- reads -----------------------------------------------------------------------------
 

@@ -91,6 +91,10 @@ class VectorCache:
                 _, evicted = self._entries.popitem(last=False)
                 held -= evicted.vectors.nbytes
 
+    def forget(self, user_id: str) -> None:
+        with self._lock:
+            self._entries.pop(user_id, None)
+
     def users(self) -> list[str]:
         """Users whose vectors are in memory, least recently searched first."""
         with self._lock:

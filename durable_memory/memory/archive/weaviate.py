@@ -240,5 +240,13 @@ class WeaviateArchive:
             deleted += int(result.successful)
         return deleted
 
+    def forget_user(self, user_id: str) -> int:
+        """Remove the user's tenant: every object of theirs, and their shard's files."""
+        if not self._has_tenant(user_id):
+            return 0
+        count = self.count(user_id)
+        self.client.collections.use(self.name).tenants.remove([validate_user_id(user_id)])
+        return count
+
     def close(self) -> None:
         self.client.close()

@@ -128,6 +128,19 @@ class GitRemoteRefused(DurableMemoryError):
     one, a push its pre-receive hook refuses. Not retried: a person must fix it."""
 
 
+class UserBeingForgotten(DurableMemoryError):
+    """The user's erasure has begun and not completed: no turn or change is accepted for them
+    until it does (`dmem forget` finishes it)."""
+
+
+class StoreBusy(DurableMemoryError):
+    """A store could not finish a step yet because another party held it (a SQLite reader
+    kept the WAL from being emptied; Temporal's visibility still lists what was deleted):
+    retried."""
+
+    retryable = True
+
+
 def validation_message(error: ValidationError, what: str) -> str:
     """One line for a pydantic ValidationError: `<what>: field: problem; field: problem`."""
     problems = []

@@ -73,6 +73,8 @@ class Blocks:
         validate_user_id(user_id)
         if profile is not None:
             self._access.profiles.get(profile)  # an unknown name is refused before anything
+        # Nothing of a user being forgotten is made again until the forget completes.
+        self._access.users.refuse_if_forgetting(user_id)
         head = self._ensure_repository(user_id, profile)
         self._access.users.register([user_id])  # after the repository exists
         return head

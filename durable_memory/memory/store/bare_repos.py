@@ -101,6 +101,48 @@ def ensure_bare_repository(
     return path
 
 
+DISCARD_PREFIX = ".forget."
+"""A directory being deleted is first renamed to `.forget.<name>`: no reader, pusher or lister
+sees it (they skip names starting with '.'), and a kill mid-delete leaves it under that name,
+where the next attempt finds it (a user id has no '.', so the name is unambiguous)."""
+
+
+def discard_tree(path: Path) -> bool:
+    """Remove `path` (a directory, or whatever an attacker put there: never followed) by an
+    atomic rename out of the way and then a delete, and what an interrupted earlier attempt
+    left; idempotent. Whether anything was there."""
+    parked = path.parent / f"{DISCARD_PREFIX}{path.name}"
+    found = False
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        pass
+    else:
+        found = True
+        if not stat.S_ISDIR(mode):
+            os.unlink(path)
+        else:
+            if os.path.lexists(parked):  # left by an attempt killed after its rename
+                _remove(parked)
+            os.rename(path, parked)
+    if os.path.lexists(parked):
+        found = True
+        _remove(parked)
+    return found
+
+
+def _remove(path: Path) -> None:
+    if stat.S_ISDIR(os.lstat(path).st_mode):
+        shutil.rmtree(path)  # refuses to follow a symlink; never reached for one
+    else:
+        os.unlink(path)
+
+
+def delete_bare_repository(shared_dir: Path, user_id: str) -> bool:
+    """Delete the user's bare repository (see `discard_tree`); whether there was one."""
+    return discard_tree(bare_repository_path(shared_dir, user_id))
+
+
 def read_git_token(token_file: Path | None) -> str | None:
     """The git server's token: `token_file`'s first line, else $DMEM_GIT_TOKEN; None if
     neither gives one."""

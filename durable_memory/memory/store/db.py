@@ -6,6 +6,7 @@ from sqlmodel import SQLModel
 # Imported for their side effect: registering their tables on SQLModel.metadata.
 from durable_memory.memory.store import (  # noqa: F401
     diffs,
+    erasure,
     recall,
     rotation_state,
     summaries,

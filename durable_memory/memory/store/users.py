@@ -18,6 +18,8 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Field, Session, SQLModel, col, select
 
+from durable_memory.memory.store.erasure import ErasureLedger
+
 REGISTER_BATCH = 1000
 
 
@@ -48,6 +50,10 @@ class UserDirectory:
                 conn.execute(
                     insert(UserRow).values(batch).on_conflict_do_nothing(index_elements=["user_id"])
                 )
+
+    def refuse_if_forgetting(self, user_id: str) -> None:
+        """UserBeingForgotten while the user's erasure is under way (store/erasure.py)."""
+        ErasureLedger(self.engine).refuse_if_open(user_id)
 
     def users(self) -> list[str]:
         """Every registered user, in id order."""

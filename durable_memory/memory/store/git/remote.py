@@ -23,6 +23,8 @@ import logging
 import os
 import subprocess
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +40,11 @@ from durable_memory.memory.core.errors import (
     UnknownUser,
 )
 from durable_memory.memory.core.ids import validate_user_id
-from durable_memory.memory.store.bare_repos import ensure_bare_repository, existing_bare_repository
+from durable_memory.memory.store.bare_repos import (
+    delete_bare_repository,
+    ensure_bare_repository,
+    existing_bare_repository,
+)
 from durable_memory.memory.store.git.advertisement import advertised_main
 from durable_memory.memory.store.git.commits import SAFE_GIT_CONFIG, run_git
 from durable_memory.memory.store.git.locking import user_lock
@@ -173,6 +179,41 @@ class RemoteGitBlockStore(GitBlockStore):
             None, "ls-remote", self.remote_url(user_id), BRANCH_REF, missing_ok=True
         )
         return listed is not None and bool(listed.strip())
+
+    def forget_user(self, user_id: str) -> int:
+        """Delete the user's repository on the remote, then this host's clone; idempotent (how
+        many of the two were there). A shared directory's bare repository is renamed out of
+        place and deleted; `dmem git-serve` is asked to do the same (DELETE on the
+        repository's URL). Other hosts' clones are not reached from here (docs/governance.md)."""
+        if self._shared_dir is not None:
+            removed = delete_bare_repository(self._shared_dir, user_id)
+        else:
+            removed = self._delete_on_server(user_id)
+        return int(removed) + super().forget_user(user_id)
+
+    def _delete_on_server(self, user_id: str) -> bool:
+        request = urllib.request.Request(self.remote_url(user_id), method="DELETE")
+        if self._token is not None:
+            request.add_header("Authorization", f"Bearer {self._token}")
+        where = f"deleting {self.remote_url(user_id)}"
+        try:
+            with urllib.request.urlopen(request, timeout=NETWORK_TIMEOUT_S) as reply:
+                reply.read()
+                return True
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                return False  # gone already (an earlier attempt)
+            if error.code in (401, 403):
+                raise GitRemoteRefused(f"{where}: the git remote refused the token") from None
+            if error.code == 405:
+                raise GitRemoteRefused(
+                    f"{where}: the git server does not delete repositories (not `dmem "
+                    "git-serve`?): delete the bare repository on its disk by hand, then run "
+                    "the forget again"
+                ) from None
+            raise GitRemoteUnavailable(f"{where}: HTTP {error.code}") from None
+        except (urllib.error.URLError, OSError) as error:
+            raise GitRemoteUnavailable(f"{where}: the git remote is unavailable: {error}") from None
 
     @contextlib.contextmanager
     def transaction(self, user_id: str, *, create: bool = False) -> Iterator[RemoteTransaction]:

@@ -21,6 +21,7 @@ from durable_memory.memory.core.errors import (
     UnsafeFile,
 )
 from durable_memory.memory.core.ids import validate_sha, validate_user_id
+from durable_memory.memory.store.bare_repos import discard_tree
 from durable_memory.memory.store.git.commits import SAFE_GIT_CONFIG
 from durable_memory.memory.store.git.layout import block_path
 from durable_memory.memory.store.git.locking import user_lock
@@ -99,6 +100,21 @@ class GitBlockStore:
                     ) from None
         finally:
             shutil.rmtree(fresh, ignore_errors=True)
+
+    def forget_user(self, user_id: str) -> int:
+        """Delete the user's repository from this host's disk, every version with it (1 if
+        there was one, else 0); idempotent. Taken out of place under the user's lock, so no
+        writer of ours on this host is mid-commit in it; then deleted."""
+        path = self.repo_path(user_id)
+        self.cache.forget(user_id)
+        try:
+            present = self._is_repository(user_id)
+        except UnsafeFile:  # a symlink or a file in its place: removed, never followed
+            present = False
+        if present:
+            with user_lock(self.users_dir, user_id):
+                return int(discard_tree(path))
+        return int(discard_tree(path))
 
     @contextlib.contextmanager
     def pinned(self) -> Iterator[None]:

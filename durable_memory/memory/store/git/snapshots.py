@@ -65,6 +65,12 @@ class SnapshotCache:
             while len(self._entries) > self.size:
                 self._entries.popitem(last=False)
 
+    def forget(self, user_id: str) -> None:
+        """Drop every snapshot of the user (their memory is being erased)."""
+        with self._lock:
+            for key in [key for key in self._entries if key[0] == user_id]:
+                del self._entries[key]
+
 
 def _read_tree_blocks(commit: git.Commit) -> tuple[dict[str, str], dict[str, str]]:
     """The block files of a commit and the entries under `blocks/` that are refused."""

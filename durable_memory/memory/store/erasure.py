@@ -1,0 +1,177 @@
+"""Forgetting a user in SQL: the erasure ledger (one record per request: a hash of the user id,
+who asked, why, when it began and when it completed) and the deletion of every row of theirs.
+
+The ledger is both the record an operator shows a privacy officer and the marker that keeps a
+turn out while a forget is under way: `Blocks.ensure_user` (every turn's first step) refuses a
+user whose erasure has begun and not completed. The record names the user only by
+`user_hash`, a SHA-256 of the id: it proves which id was erased to whoever already knows it,
+and lists no one.
+
+Deleted rows must not linger in the file: on SQLite the deleting connection runs with
+`secure_delete` (freed cells and pages are zeroed), the full-text index is merged (FTS5 keeps
+deleted tokens in old segments until then) and the WAL is checkpointed and truncated (it holds
+the old pages). PostgreSQL keeps dead tuples until VACUUM (docs/governance.md).
+"""
+
+import hashlib
+import sqlite3
+from datetime import UTC, datetime
+
+from sqlalchemy import Engine
+from sqlmodel import Field, Session, SQLModel, col, select
+
+from durable_memory.memory.core.errors import DurableMemoryError, StoreBusy, UserBeingForgotten
+from durable_memory.memory.core.ids import validate_user_id
+from durable_memory.memory.store.recall import RECALL_FTS
+from durable_memory.memory.store.sql import raw_sqlite, utc
+from durable_memory.models.erasure import ErasureRecord
+
+USER_TABLES = (
+    "pending_diffs",
+    "recall_messages",
+    "conversation_summaries",
+    "user_turn_contexts",
+    "user_turn_steps",
+    "rotation_state",
+    "users",
+)
+"""Every table keyed by a user (`user_id`), the list of who has memory (`users`) last: a
+forget killed half-way is still listed, and found again by the sweep and the operator."""
+
+
+def user_hash(user_id: str) -> str:
+    return hashlib.sha256(validate_user_id(user_id).encode()).hexdigest()
+
+
+class ErasureRow(SQLModel, table=True):
+    __tablename__ = "erasures"
+
+    id: int | None = Field(default=None, primary_key=True)
+    user_hash: str = Field(index=True, max_length=64)
+    requested_by: str = Field(max_length=200)
+    reason: str = Field(max_length=2000)
+    started_at: datetime
+    completed_at: datetime | None = None
+
+
+def _record(row: ErasureRow) -> ErasureRecord:
+    return ErasureRecord(
+        user_hash=row.user_hash,
+        requested_by=row.requested_by,
+        reason=row.reason,
+        started_at=utc(row.started_at),
+        completed_at=utc(row.completed_at) if row.completed_at is not None else None,
+    )
+
+
+class ErasureLedger:
+    """The erasure records; an open one (begun, not completed) keeps the user's turns out."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def _open(self, session: Session, user_id: str) -> ErasureRow | None:
+        return session.exec(
+            select(ErasureRow).where(
+                ErasureRow.user_hash == user_hash(user_id), col(ErasureRow.completed_at).is_(None)
+            )
+        ).first()
+
+    def begin(self, user_id: str, requested_by: str, reason: str) -> ErasureRecord:
+        """Open the user's erasure record; idempotent: an open one is returned as it is."""
+        if not requested_by.strip() or not reason.strip():
+            raise DurableMemoryError("forgetting a user needs who asks (--as) and why (--reason)")
+        with Session(self.engine) as session:
+            row = self._open(session, user_id)
+            if row is None:
+                row = ErasureRow(
+                    user_hash=user_hash(user_id),
+                    requested_by=requested_by[:200],
+                    reason=reason[:2000],
+                    started_at=datetime.now(UTC),
+                )
+                session.add(row)
+                session.commit()
+                session.refresh(row)
+            return _record(row)
+
+    def complete(self, user_id: str) -> ErasureRecord:
+        """Close the open record (idempotent): the newest record of the user."""
+        with Session(self.engine) as session:
+            row = self._open(session, user_id)
+            if row is not None:
+                row.completed_at = datetime.now(UTC)
+                session.add(row)
+                session.commit()
+                session.refresh(row)
+                return _record(row)
+        records = self.records(user_id)
+        if not records:
+            raise DurableMemoryError(f"no erasure of user '{user_id}' was begun")
+        return records[0]
+
+    def refuse_if_open(self, user_id: str) -> None:
+        """UserBeingForgotten while the user's erasure is under way."""
+        with Session(self.engine) as session:
+            row = self._open(session, user_id)
+        if row is not None:
+            raise UserBeingForgotten(
+                f"user '{user_id}' is being forgotten (requested by {row.requested_by} at "
+                f"{utc(row.started_at).isoformat(timespec='seconds')}): no turn or change is "
+                "accepted until it completes"
+            )
+
+    def records(self, user_id: str) -> list[ErasureRecord]:
+        """The user's erasure records, newest first."""
+        with Session(self.engine) as session:
+            rows = session.exec(
+                select(ErasureRow)
+                .where(ErasureRow.user_hash == user_hash(user_id))
+                .order_by(col(ErasureRow.started_at).desc())
+            ).all()
+            return [_record(row) for row in rows]
+
+
+def erase_user_rows(engine: Engine, user_id: str) -> int:
+    """Delete every row of the user from every table (idempotent); how many were deleted. On
+    SQLite, the freed bytes are zeroed and the WAL emptied (see the module)."""
+    validate_user_id(user_id)
+    if engine.dialect.name == "sqlite":
+        return _erase_sqlite(engine, user_id)
+    deleted = 0
+    with engine.begin() as conn:
+        for name in USER_TABLES:
+            table = SQLModel.metadata.tables[name]
+            deleted += int(conn.execute(table.delete().where(table.c.user_id == user_id)).rowcount)
+    return deleted
+
+
+def _erase_sqlite(engine: Engine, user_id: str) -> int:
+    with raw_sqlite(engine) as db:
+        db.execute("PRAGMA secure_delete = ON")
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                deleted = 0
+                for name in USER_TABLES:
+                    deleted += db.execute(
+                        f"DELETE FROM {name} WHERE user_id = ?", (user_id,)
+                    ).rowcount
+                # One merged segment: FTS5 drops a deleted row's tokens only when merging.
+                db.execute(f"INSERT INTO {RECALL_FTS.name} ({RECALL_FTS.name}) VALUES ('optimize')")
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        finally:
+            db.execute("PRAGMA secure_delete = OFF")  # the pooled connection goes back as it was
+        truncate_wal(db)
+    return deleted
+
+
+def truncate_wal(db: sqlite3.Connection) -> None:
+    """Copy the WAL into the database file and empty it: its old page images hold what was
+    deleted. StoreBusy (retried) when a reader keeps it from completing."""
+    busy, _, _ = db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    if busy:
+        raise StoreBusy("a reader kept the SQLite WAL from being emptied; the step is retried")
