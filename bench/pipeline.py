@@ -170,7 +170,7 @@ async def main_async(turns: int, user_counts: list[int], leg_turns: int, out: Pa
             env.client,
             task_queue="bench",
             workflows=[*WORKFLOWS, FloorTurnWorkflow, FloorDecisionWorkflow],
-            activities=[*activities_for(stack, model, settings), noop],
+            activities=[*activities_for(stack, model, settings, env.client), noop],
             activity_executor=pool,
             max_concurrent_activities=ACTIVITY_THREADS,
         )

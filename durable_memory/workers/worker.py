@@ -13,22 +13,28 @@ from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
+from durable_memory.activities.forget import ForgetActivities
 from durable_memory.activities.rotation import RotationActivities
 from durable_memory.activities.turn import TurnActivities
 from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.config import ConfigError, Settings
 from durable_memory.memory.agent.steps import ChatModel
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
+from durable_memory.workflows.forget import ForgetWorkflow
 from durable_memory.workflows.rotation import RotationSweepWorkflow, RotationWorkflow
 from durable_memory.workflows.turn import TurnWorkflow
 
-WORKFLOWS: Sequence[type] = (TurnWorkflow, RotationWorkflow, RotationSweepWorkflow)
+WORKFLOWS: Sequence[type] = (TurnWorkflow, RotationWorkflow, RotationSweepWorkflow, ForgetWorkflow)
 ACTIVITY_THREADS = 16
 
 
-def activities_for(stack: MemoryStack, model: ChatModel, settings: Settings) -> list[Any]:
+def activities_for(
+    stack: MemoryStack, model: ChatModel, settings: Settings, client: Client
+) -> list[Any]:
+    """Every activity; the forget's use `client` to find and delete the user's executions."""
     turns = TurnActivities(stack, stack.turn_steps(model), settings.turn_settings())
     rotation = RotationActivities(stack)
+    forget = ForgetActivities(stack, client)
     return [
         turns.turn_settings,
         turns.prepare_turn,
@@ -42,6 +48,12 @@ def activities_for(stack: MemoryStack, model: ChatModel, settings: Settings) -> 
         rotation.archive_rotation,
         rotation.commit_rotation,
         rotation.rotation_candidates,
+        forget.begin_forget,
+        forget.end_user_workflows,
+        forget.forget_store,
+        forget.delete_user_workflows,
+        forget.complete_forget,
+        forget.delete_forget_execution,
     ]
 
 
@@ -58,7 +70,7 @@ def build_worker(
         client,
         task_queue=settings.temporal.task_queue,
         workflows=list(WORKFLOWS),
-        activities=activities_for(stack, model, settings),
+        activities=activities_for(stack, model, settings, client),
         activity_executor=executor,
         max_concurrent_activities=ACTIVITY_THREADS,
     )
