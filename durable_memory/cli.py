@@ -378,6 +378,26 @@ def cmd_rotate(args: argparse.Namespace) -> None:
     _emit(args, results, text or "no block is over its rotation threshold")
 
 
+def cmd_forget(args: argparse.Namespace) -> None:
+    validate_user_id(args.user)
+    validate_author_name(args.as_name)
+    if not args.reason.strip():
+        raise UsageError("forgetting a user needs a reason")
+    if not args.yes:
+        raise UsageError(
+            f"this deletes everything of user '{args.user}' everywhere, for good: "
+            "add --yes to confirm"
+        )
+    _progress(f"forgetting user '{args.user}' ...")
+    record = _with_client(args, lambda c: c.forget_user(args.user, args.as_name, args.reason))
+    _emit(
+        args,
+        record,
+        f"forgot user '{args.user}' (erasure record {record.user_hash[:16]}..., requested by "
+        f"{record.requested_by}, completed {record.completed_at})",
+    )
+
+
 def cmd_worker(args: argparse.Namespace) -> None:
     from durable_memory.workers.main import run_worker_command
 
@@ -601,6 +621,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--as", dest="as_name", required=True, help="who rejects")
     p.add_argument("--reason", required=True)
     p.add_argument("--no-wait", action="store_true", help="send a signal and return")
+    p = add("forget", cmd_forget, "delete everything of a user, everywhere, for good", True)
+    p.add_argument("user")
+    p.add_argument("--as", dest="as_name", required=True, help="who asks for the erasure")
+    p.add_argument("--reason", required=True, help="why (kept in the erasure record)")
+    p.add_argument("--yes", action="store_true", help="confirm: nothing can be undone")
     p = add("recall", cmd_recall, "search a user's recall memory (every message)", True)
     p.add_argument("user")
     p.add_argument("query", nargs="?", default="")

@@ -38,6 +38,7 @@ from temporalio.client import (
     ScheduleUpdate,
     ScheduleUpdateInput,
     WithStartWorkflowOperation,
+    WorkflowFailureError,
     WorkflowUpdateFailedError,
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
@@ -71,6 +72,7 @@ from durable_memory.models.archive import ArchiveSearch, PassageHit
 from durable_memory.models.blocks import AgentProfile
 from durable_memory.models.context import ContextWindowOverview
 from durable_memory.models.diffs import DiffStatus, PendingDiff
+from durable_memory.models.erasure import ErasureRecord, ForgetInput, forget_workflow_id
 from durable_memory.models.history import Author, AuthorKind, CommitInfo
 from durable_memory.models.turn import (
     DecisionOutcome,
@@ -86,6 +88,7 @@ from durable_memory.models.turn import (
     turn_workflow_id,
 )
 from durable_memory.workflows.common import USER_ID
+from durable_memory.workflows.forget import ForgetWorkflow
 from durable_memory.workflows.rotation import RotationSweepWorkflow, RotationWorkflow
 from durable_memory.workflows.turn import TurnWorkflow
 from durable_memory.workflows.turn_boundary import (
@@ -99,6 +102,7 @@ __all__ = [
     "DecisionBusy",
     "DecisionLost",
     "DecisionNotApplied",
+    "ForgetFailed",
     "MemoryClient",
     "TemporalUnavailable",
     "TurnFailed",
@@ -113,6 +117,11 @@ R = TypeVar("R")
 
 class TemporalUnavailable(DurableMemoryError):
     """Temporal cannot be reached, or refused the request."""
+
+
+class ForgetFailed(DurableMemoryError):
+    """A forget that failed before it completed (a store down for too long): the user's
+    turns stay refused until a forget is run again and completes."""
 
 
 class TurnFailed(DurableMemoryError):
@@ -395,6 +404,43 @@ class MemoryClient:
     async def context_overview(self, user_id: str) -> ContextWindowOverview:
         context = await self._memory(self.stack.compile, validate_user_id(user_id))
         return context.overview
+
+    # -- governance ------------------------------------------------------------------------
+
+    async def forget_user(self, user_id: str, requested_by: str, reason: str) -> ErasureRecord:
+        """Forget the user everywhere (docs/governance.md) and return the erasure record. Runs
+        the forget workflow and waits for it; a forget of the user already running is joined,
+        and one that failed or was killed is finished by calling this again."""
+        request: ForgetInput = _checked(
+            ForgetInput, user_id=user_id, requested_by=requested_by, reason=reason
+        )
+        try:
+            handle = await self.client.start_workflow(
+                ForgetWorkflow.run,
+                request,
+                id=forget_workflow_id(request.user_id),
+                task_queue=self.settings.temporal.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                search_attributes=TypedSearchAttributes([SearchAttributePair(USER_ID, user_id)]),
+                static_summary=f"Forget user {user_id}",
+            )
+        except RPCError as error:
+            raise TemporalUnavailable(f"the forget could not start: {error.message}") from None
+        failure = ""
+        try:
+            await handle.result()  # its last step deletes it: this ends in an error
+        except WorkflowFailureError as error:
+            failure = failure_message(error)
+        except RPCError as error:  # its history was deleted while we read it
+            if error.status != RPCStatusCode.NOT_FOUND:
+                raise TemporalUnavailable(f"the forget's result: {error.message}") from None
+        records = await asyncio.to_thread(self.stack.erasures.records, request.user_id)
+        if not records or records[0].completed_at is None:
+            raise ForgetFailed(
+                f"the forget of user '{user_id}' did not complete ({failure or 'no record'}); "
+                "run it again to finish it"
+            )
+        return records[0]
 
     # -- rotation --------------------------------------------------------------------------
 

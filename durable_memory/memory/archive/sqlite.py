@@ -210,21 +210,15 @@ class SqliteArchive:
         return deleted
 
     def forget_user(self, user_id: str) -> int:
-        """Delete the user's passages with `secure_delete` (their bytes zeroed), merge the
+        """Delete the user's passages (their bytes zeroed: `secure_delete`), merge the
         full-text index (FTS5 keeps a deleted row's tokens in old segments until then) and
         empty the WAL (its page images hold them too)."""
         validate_user_id(user_id)
-        db = self._db()
-        db.execute("PRAGMA secure_delete = ON")
-        try:
-            with immediate(db):
-                deleted = db.execute("DELETE FROM passages WHERE user_id = ?", (user_id,)).rowcount
-                db.execute("DELETE FROM archive_versions WHERE user_id = ?", (user_id,))
-                db.execute(
-                    f"INSERT INTO {PASSAGES_FTS.name} ({PASSAGES_FTS.name}) VALUES ('optimize')"
-                )
-        finally:
-            db.execute("PRAGMA secure_delete = OFF")
+        db = self._db()  # with secure_delete, as every connection (store/sql.py)
+        with immediate(db):
+            deleted = db.execute("DELETE FROM passages WHERE user_id = ?", (user_id,)).rowcount
+            db.execute("DELETE FROM archive_versions WHERE user_id = ?", (user_id,))
+            db.execute(f"INSERT INTO {PASSAGES_FTS.name} ({PASSAGES_FTS.name}) VALUES ('optimize')")
         truncate_wal(db)
         self._cache.forget(user_id)
         return int(deleted)

@@ -7,10 +7,10 @@ user whose erasure has begun and not completed. The record names the user only b
 `user_hash`, a SHA-256 of the id: it proves which id was erased to whoever already knows it,
 and lists no one.
 
-Deleted rows must not linger in the file: on SQLite the deleting connection runs with
-`secure_delete` (freed cells and pages are zeroed), the full-text index is merged (FTS5 keeps
-deleted tokens in old segments until then) and the WAL is checkpointed and truncated (it holds
-the old pages). PostgreSQL keeps dead tuples until VACUUM (docs/governance.md).
+Deleted rows must not linger in the file: on SQLite every connection runs with
+`secure_delete` (store/sql.py: freed cells and pages are zeroed), the full-text index is
+merged (FTS5 keeps deleted tokens in old segments until then) and the WAL is checkpointed and
+truncated (it holds the old pages). PostgreSQL keeps dead tuples until VACUUM (docs/governance.md).
 """
 
 import hashlib
@@ -23,7 +23,7 @@ from sqlmodel import Field, Session, SQLModel, col, select
 from durable_memory.memory.core.errors import DurableMemoryError, StoreBusy, UserBeingForgotten
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.recall import RECALL_FTS
-from durable_memory.memory.store.sql import raw_sqlite, utc
+from durable_memory.memory.store.sql import immediate, raw_sqlite, utc
 from durable_memory.models.erasure import ErasureRecord
 
 USER_TABLES = (
@@ -147,24 +147,13 @@ def erase_user_rows(engine: Engine, user_id: str) -> int:
 
 
 def _erase_sqlite(engine: Engine, user_id: str) -> int:
-    with raw_sqlite(engine) as db:
-        db.execute("PRAGMA secure_delete = ON")
-        try:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                deleted = 0
-                for name in USER_TABLES:
-                    deleted += db.execute(
-                        f"DELETE FROM {name} WHERE user_id = ?", (user_id,)
-                    ).rowcount
-                # One merged segment: FTS5 drops a deleted row's tokens only when merging.
-                db.execute(f"INSERT INTO {RECALL_FTS.name} ({RECALL_FTS.name}) VALUES ('optimize')")
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-        finally:
-            db.execute("PRAGMA secure_delete = OFF")  # the pooled connection goes back as it was
+    with raw_sqlite(engine) as db:  # its connections run with secure_delete (sql.py)
+        with immediate(db):
+            deleted = 0
+            for name in USER_TABLES:
+                deleted += db.execute(f"DELETE FROM {name} WHERE user_id = ?", (user_id,)).rowcount
+            # One merged segment: FTS5 drops a deleted row's tokens only when merging.
+            db.execute(f"INSERT INTO {RECALL_FTS.name} ({RECALL_FTS.name}) VALUES ('optimize')")
         truncate_wal(db)
     return deleted
 

@@ -28,6 +28,9 @@ _SQLITE_PRAGMAS = (
     "PRAGMA journal_mode=WAL",
     f"PRAGMA busy_timeout={LOCK_WAIT_S * 1000}",
     "PRAGMA synchronous=NORMAL",
+    # Deleted and overwritten content is zeroed, not left in free space: forgetting a user
+    # (store/erasure.py) must leave no byte of theirs in the file.
+    "PRAGMA secure_delete=ON",
 )
 
 
