@@ -39,7 +39,7 @@ from durable_memory.memory.store.turns import TurnStore
 from durable_memory.memory.store.users import UserDirectory
 from durable_memory.models.blocks import AgentProfile
 from durable_memory.models.context import CompiledContext
-from durable_memory.models.erasure import ForgetStore
+from durable_memory.models.turn import ForgetStore
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -72,17 +72,19 @@ from durable_memory.models.archive import ArchiveSearch, PassageHit
 from durable_memory.models.blocks import AgentProfile
 from durable_memory.models.context import ContextWindowOverview
 from durable_memory.models.diffs import DiffStatus, PendingDiff
-from durable_memory.models.erasure import ErasureRecord, ForgetInput, forget_workflow_id
 from durable_memory.models.history import Author, AuthorKind, CommitInfo
 from durable_memory.models.turn import (
     DecisionOutcome,
     DiffDecision,
+    ErasureRecord,
+    ForgetInput,
     RotationInput,
     RotationOutcome,
     SweepInput,
     TurnInput,
     TurnOutcome,
     TurnReply,
+    forget_workflow_id,
     legacy_turn_workflow_id,
     rotation_workflow_id,
     turn_workflow_id,

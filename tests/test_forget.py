@@ -27,10 +27,9 @@ from durable_memory.memory.core.errors import UserBeingForgotten
 from durable_memory.memory.store.bare_repos import bare_repository_path
 from durable_memory.models.archive import NewPassage, PassageSource
 from durable_memory.models.diffs import Proposer
-from durable_memory.models.erasure import ForgetStore
 from durable_memory.models.operations import LearnFact, SetField
 from durable_memory.models.recall import MessageRole, NewMessage
-from durable_memory.models.turn import turn_workflow_id
+from durable_memory.models.turn import ForgetStore, turn_workflow_id
 from durable_memory.scripted_model import ScriptedModelServer
 from tests.support.agent_helpers import edit_block, tool_use
 from tests.support.distributed import GIT_TOKEN, distributed_settings, git_server

@@ -22,8 +22,13 @@ from durable_memory.activities.errors import classified_errors
 from durable_memory.bootstrap import MemoryStack
 from durable_memory.memory.core.errors import StoreBusy
 from durable_memory.memory.core.ids import validate_user_id
-from durable_memory.models.erasure import ErasureRecord, ForgetInput, ForgetStep, forget_workflow_id
-from durable_memory.models.turn import ID_SEPARATOR
+from durable_memory.models.turn import (
+    ID_SEPARATOR,
+    ErasureRecord,
+    ForgetInput,
+    ForgetStep,
+    forget_workflow_id,
+)
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""What crosses the Temporal boundary for turns and rotations: ids and small values only.
+"""What crosses the Temporal boundary for turns, rotations and forgets: ids and small values only.
 
 One module though over 300 lines: these payloads are one contract, the one a caller in any
 language codes against (its JSON Schemas are generated from here), and read together: a
@@ -467,3 +467,59 @@ class RotationCandidate(BaseModel):
 
     user_id: str
     label: str
+
+
+# -- forgetting a user (workflows/forget.py) ---------------------------------------------
+
+
+def forget_workflow_id(user_id: str) -> str:
+    """One forget per user at a time: a second request while one runs joins it."""
+    return f"forget{ID_SEPARATOR}{user_id}"
+
+
+class ErasureRecord(BaseModel):
+    """Who asked to forget a user, why and when; the user only as a SHA-256 of their id."""
+
+    model_config = ConfigDict(frozen=True)
+
+    user_hash: str
+    requested_by: str
+    reason: str
+    started_at: datetime
+    completed_at: datetime | None = None
+    """None while the erasure is under way."""
+
+
+class ForgetInput(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    user_id: UserId
+    requested_by: str = Field(min_length=1, max_length=200)
+    reason: str = Field(min_length=1, max_length=2000)
+
+
+class ForgetStore(StrEnum):
+    """The stores a forget empties of a user, in the order it does (bootstrap.forget_in)."""
+
+    ARCHIVE = "archive"
+    """Passages: the embedded store, PostgreSQL, or the user's Weaviate tenant."""
+    REPOSITORY = "repository"
+    """The git repository: local, or the remote's and this host's clone."""
+    ROWS = "rows"
+    """Pending diffs, recall and its index, turn bookkeeping, summaries, rotation state, and
+    last the user's row in the list of users."""
+
+
+class ForgetStep(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    user_id: UserId
+    store: ForgetStore
+
+
+class ForgetOutcome(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    record: ErasureRecord
+    deleted: dict[str, int]
+    """Per step, how many things it deleted (rows, passages, repositories, executions)."""

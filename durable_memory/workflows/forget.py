@@ -14,7 +14,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from durable_memory.activities.forget import ForgetActivities
-    from durable_memory.models.erasure import (
+    from durable_memory.models.turn import (
         ForgetInput,
         ForgetOutcome,
         ForgetStep,

@@ -24,7 +24,7 @@ from durable_memory.memory.core.errors import DurableMemoryError, StoreBusy, Use
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.recall import RECALL_FTS
 from durable_memory.memory.store.sql import immediate, raw_sqlite, utc
-from durable_memory.models.erasure import ErasureRecord
+from durable_memory.models.turn import ErasureRecord
 
 USER_TABLES = (
     "pending_diffs",
