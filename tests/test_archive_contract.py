@@ -173,6 +173,19 @@ def test_count_page_and_delete(archive: ArchiveStore) -> None:
     assert ids[0] not in {h.passage.id for h in remaining}
 
 
+def test_forget_user_deletes_every_passage_of_the_user_only(archive: ArchiveStore) -> None:
+    _fill(archive, "alice")
+    _fill(archive, "alice-b")  # an id that starts with the other
+    bob = _fill(archive, "bob")
+    assert archive.search("alice", ArchiveSearch(query="cat", alpha=1.0))  # vectors cached
+    assert archive.forget_user("alice") == 5
+    assert archive.forget_user("alice") == 0  # idempotent
+    assert archive.count("alice") == 0
+    assert archive.search("alice", ArchiveSearch(query="cat", alpha=1.0)) == []
+    assert archive.count("alice-b") == 5
+    assert sorted(p.id for p in archive.page("bob")) == sorted(bob)
+
+
 def test_long_system_text_is_chunked_and_agent_text_is_refused(archive: ArchiveStore) -> None:
     long_text = "\n".join(f"Line {i}: the robots club notes, week {i}." for i in range(400))
     ids = archive.insert(

@@ -290,6 +290,13 @@ def test_context_and_archive_search(dmem: Runner, tmp_path: Path) -> None:
             "invalid input: top_k: Input should be greater than or equal to 1",
         ),
         (("archive", "search", "../x", "x"), "invalid user id"),
+        (("forget", "alice", "--as", "dpo", "--reason", "asked"), "add --yes to confirm"),
+        (("forget", "../x", "--as", "dpo", "--reason", "asked", "--yes"), "invalid user id"),
+        (("forget", "alice", "--as", "dpo", "--reason", " ", "--yes"), "needs a reason"),
+        (
+            ("forget", "alice", "--as", "dpo", "--reason", "asked", "--yes"),
+            "cannot reach Temporal at 127.0.0.1:1",
+        ),
     ],
 )
 def test_more_user_errors(dmem: Runner, args: tuple[str, ...], message: str) -> None:
