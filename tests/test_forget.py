@@ -7,7 +7,9 @@ killed half-way and run again ends the same; a turn while a forget is under way 
 """
 
 import asyncio
+import contextlib
 import hashlib
+import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -23,7 +25,7 @@ from durable_memory.activities.forget import user_workflows_query
 from durable_memory.bootstrap import MemoryStack, open_stack, stack_from_settings
 from durable_memory.client import MemoryClient, TurnFailed
 from durable_memory.config import Settings
-from durable_memory.memory.core.errors import UserBeingForgotten
+from durable_memory.memory.core.errors import UnknownUser, UserBeingForgotten
 from durable_memory.memory.store.bare_repos import bare_repository_path
 from durable_memory.models.archive import NewPassage, PassageSource
 from durable_memory.models.diffs import Proposer
@@ -189,6 +191,49 @@ def test_a_file_remote_loses_the_repository_and_keeps_the_others(tmp_path: Path)
         assert tree_bytes(bare_repository_path(shared, "bob")) == bob
     finally:
         stack.close()
+
+
+def all_git_objects(repository: Path) -> bytes:
+    """Every object in a repository, uncompressed (loose and packed, reachable or not)."""
+    return subprocess.run(
+        ["git", "-C", str(repository), "cat-file", "--batch-all-objects", "--batch"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    ).stdout
+
+
+@pytest.mark.parametrize("served", [False, True], ids=["file", "git-serve"])
+def test_another_hosts_clone_keeps_nothing_once_it_meets_the_forgotten_user(
+    tmp_path: Path, served: bool
+) -> None:
+    with contextlib.ExitStack() as cleanup:
+        remote = f"file://{tmp_path / 'shared'}"
+        if served:
+            remote = cleanup.enter_context(git_server(tmp_path / "shared")).url
+        here, there = (
+            cleanup.enter_context(
+                contextlib.closing(
+                    open_stack(
+                        tmp_path / host,
+                        profile="essay_coach",
+                        git_remote=remote,
+                        git_token=GIT_TOKEN,
+                    )
+                )
+            )
+            for host in ("here", "there")
+        )
+        plant(here, "alice")
+        there.blocks.read_block("alice", "student")  # the other host clones her memory
+        clone = tmp_path / "there" / "clones" / "alice"
+        assert CANARY.encode() in all_git_objects(clone)
+        forget_every_store(here, "alice")
+        with pytest.raises(UnknownUser):  # the other host finds no memory of her, and drops it
+            there.blocks.read_block("alice", "student")
+        assert not clone.exists() or CANARY.encode() not in all_git_objects(clone)
+        there.blocks.ensure_user("alice")  # a new user of that id starts empty
+        assert CANARY.encode() not in all_git_objects(clone)
 
 
 def test_a_kill_after_the_rename_is_finished_by_the_next_attempt(tmp_path: Path) -> None:

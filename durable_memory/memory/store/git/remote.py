@@ -184,7 +184,8 @@ class RemoteGitBlockStore(GitBlockStore):
         """Delete the user's repository on the remote, then this host's clone; idempotent (how
         many of the two were there). A shared directory's bare repository is renamed out of
         place and deleted; `dmem git-serve` is asked to do the same (DELETE on the
-        repository's URL). Other hosts' clones are not reached from here (docs/governance.md)."""
+        repository's URL). Another host's clone is dropped there when that host next meets the
+        user and finds no repository on the remote (`transaction`, `_fetch_and_reset`)."""
         if self._shared_dir is not None:
             removed = delete_bare_repository(self._shared_dir, user_id)
         else:
@@ -222,6 +223,7 @@ class RemoteGitBlockStore(GitBlockStore):
             if create:
                 ensure_bare_repository(self._shared_dir, user_id)
             elif existing_bare_repository(self._shared_dir, user_id) is None:
+                super().forget_user(user_id)  # a clone left from before a forget: stale
                 raise UnknownUser(f"user '{user_id}' has no memory yet")
         if not self._is_repository(user_id):
             if not create and self._shared_dir is None:
@@ -315,8 +317,13 @@ class RemoteGitBlockStore(GitBlockStore):
         if read_head(git_dir) == remote_head:
             return remote_head
         if remote_head is None:  # the remote has nothing (yet): neither has the clone
+            stale = read_head(git_dir) is not None
             run_git(repo, lock, "update-ref", "-d", BRANCH_REF)
             run_git(repo, lock, "read-tree", "--empty")
+            if stale:  # the user was forgotten (or a first commit never pushed): no trace
+                run_git(repo, lock, "update-ref", "-d", REMOTE_REF)
+                run_git(repo, lock, "reflog", "expire", "--expire=now", "--all")
+                run_git(repo, lock, "gc", "--prune=now", "--quiet")
         else:
             run_git(repo, lock, "reset", "--hard", "--quiet", remote_head)
         run_git(repo, lock, "clean", "-ffdxq")
