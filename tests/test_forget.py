@@ -25,7 +25,7 @@ from durable_memory.activities.forget import user_workflows_query
 from durable_memory.bootstrap import MemoryStack, open_stack, stack_from_settings
 from durable_memory.client import MemoryClient, TurnFailed
 from durable_memory.config import Settings
-from durable_memory.memory.core.errors import UnknownUser, UserBeingForgotten
+from durable_memory.memory.core.errors import DurableMemoryError, UnknownUser, UserBeingForgotten
 from durable_memory.memory.store.bare_repos import bare_repository_path
 from durable_memory.models.archive import NewPassage, PassageSource
 from durable_memory.models.diffs import Proposer
@@ -34,8 +34,15 @@ from durable_memory.models.recall import MessageRole, NewMessage
 from durable_memory.models.turn import ForgetStore, turn_workflow_id
 from durable_memory.scripted_model import ScriptedModelServer
 from tests.support.agent_helpers import edit_block, tool_use
-from tests.support.distributed import GIT_TOKEN, distributed_settings, git_server
+from tests.support.distributed import (
+    GIT_TOKEN,
+    distributed_settings,
+    git_server,
+    restart_git_server,
+    start_git_server,
+)
 from tests.support.postgres import fresh_schema_url
+from tests.support.snapshots import snapshot
 from tests.support.temporal_helpers import rig_settings, running_rig
 from tests.support.worker_process import address, crash_settings, worker_process
 
@@ -370,6 +377,11 @@ async def test_a_turn_is_refused_while_the_user_is_being_forgotten(
 ) -> None:
     settings = rig_settings(tmp_path / "data")
     async with running_rig(temporal_env.client, settings, [{"text": "hello"}]) as rig:
+        before = snapshot(rig.stack)
+        for user, who, why in (("../x", "dpo", "r"), ("carol", " ", "r"), ("carol", "dpo", "")):
+            with pytest.raises(DurableMemoryError, match="invalid"):
+                await rig.client.forget_user(user, who, why)
+        assert snapshot(rig.stack) == before  # refused before anything started
         rig.stack.erasures.begin("carol", "dpo", "request 9")
         with pytest.raises(TurnFailed, match="being forgotten"):
             await rig.client.send_message("carol", "hi", turn_id="c1")
@@ -377,6 +389,43 @@ async def test_a_turn_is_refused_while_the_user_is_being_forgotten(
         await rig.client.forget_user("carol", "dpo", "request 9")  # finishes the one begun
         await assert_no_execution_of(temporal_env, "carol", turn_workflow_id("carol", "c1"))
         assert [r.reason for r in rig.stack.erasures.records("carol")] == ["request 9"]
+
+
+async def retried_after(env: WorkflowEnvironment, workflow_id: str, failure: str) -> None:
+    """Return once a step of the workflow failed saying `failure` and waits to be retried."""
+    handle = env.client.get_workflow_handle(workflow_id)
+    for _ in range(600):
+        with contextlib.suppress(RPCError):  # not started yet
+            for pending in (await handle.describe()).raw_description.pending_activities:
+                if pending.attempt >= 2 and failure in pending.last_failure.message:
+                    return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{workflow_id} never retried after {failure!r}")
+
+
+@pytest.mark.postgres
+async def test_a_forget_waits_out_a_git_remote_outage(
+    temporal_env: WorkflowEnvironment, tmp_path: Path, postgres_url: str
+) -> None:
+    root = tmp_path / "served"
+    server = start_git_server(root)
+    try:
+        settings = distributed_settings(
+            tmp_path / "data", database_url=fresh_schema_url(postgres_url), git_remote=server.url
+        )
+        async with running_rig(temporal_env.client, settings, []) as rig:
+            plant(rig.stack, "alice")
+            server.stop()
+            forgetting = asyncio.create_task(rig.client.forget_user("alice", "dpo", "request 5"))
+            await retried_after(temporal_env, "forget:alice", "the git remote is unavailable")
+            assert (root / "alice.git").is_dir()  # nothing is lost while it waits
+            server = restart_git_server(server, root)
+            record = await asyncio.wait_for(forgetting, 120)
+            assert record.completed_at is not None
+            assert not (root / "alice.git").exists()
+            assert rows_holding(rig.stack, CANARY) == []
+    finally:
+        server.stop()
 
 
 async def test_a_forget_killed_mid_way_ends_fully_forgotten_when_run_again(

@@ -494,8 +494,10 @@ class ForgetInput(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     user_id: UserId
-    requested_by: str = Field(min_length=1, max_length=200)
-    reason: str = Field(min_length=1, max_length=2000)
+    requested_by: str = Field(max_length=200, pattern=r"\S")
+    """Who asks for the erasure (not blank)."""
+    reason: str = Field(max_length=2000, pattern=r"\S")
+    """Why (not blank): kept in the erasure record."""
 
 
 class ForgetStore(StrEnum):
