@@ -26,6 +26,7 @@ from durable_memory.memory.service.access import BlockAccess, TaskArchive
 from durable_memory.memory.service.blocks import Blocks
 from durable_memory.memory.service.edits import DirectEdits
 from durable_memory.memory.service.history import History
+from durable_memory.memory.service.policies import Policies
 from durable_memory.memory.service.review import Review
 from durable_memory.memory.store.block_repository import BlockRepository
 from durable_memory.memory.store.db import make_engine
@@ -92,10 +93,12 @@ def memory_faces(
     users: UserDirectory,
     archive: TaskArchive | None = None,
 ) -> MemoryFaces:
-    """The four faces of one store, sharing one BlockAccess; each user's blocks follow the
+    """The faces of one store, sharing one BlockAccess; each user's blocks follow the
     user's own profile from `profiles`."""
     access = BlockAccess(profiles, git, users, archive)
-    return MemoryFaces(Blocks(access), DirectEdits(access), Review(access, diffs), History(access))
+    policies = Policies(access)
+    review = Review(access, diffs, policies)
+    return MemoryFaces(Blocks(access), DirectEdits(access), review, History(access), policies)
 
 
 def open_archive(

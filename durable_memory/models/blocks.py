@@ -65,6 +65,8 @@ class BlockSpec(BaseModel):
     description: str
     limit: int = Field(gt=0, le=MAX_BLOCK_CHARS)
     read_only: bool = False
+    never_pre_approved: bool = False
+    """No standing approval may cover this block: every edit of it waits for a person."""
     rotation: RotationStrategyName = RotationStrategyName.ADAPTIVE
     kind: BlockKind
     fields: tuple[FieldSpec, ...]

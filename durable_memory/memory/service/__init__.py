@@ -5,7 +5,9 @@
   service calling a domain operation (author = the service);
 - `Review`: the model's proposals as pending diffs and the human decisions on them (a diff
   approved is committed with author = the approver);
-- `History`: versions of a block, restoring one, importing hand edits.
+- `History`: versions of a block, restoring one, importing hand edits;
+- `Policies`: the user's standing approvals, set and revoked by a person (`Review` asks it
+  whether one covers a proposal).
 
 They share one `BlockAccess` (access.py), so a block is read and committed one way; the
 composition root builds them over it (`bootstrap.memory_faces`).
@@ -17,6 +19,7 @@ from typing import Any
 from durable_memory.memory.service.blocks import Blocks
 from durable_memory.memory.service.edits import DirectEdits
 from durable_memory.memory.service.history import History
+from durable_memory.memory.service.policies import Policies
 from durable_memory.memory.service.review import Review
 
 
@@ -26,8 +29,9 @@ class MemoryFaces:
     edits: DirectEdits
     review: Review
     history: History
+    policies: Policies
 
     def faces(self) -> dict[str, Any]:
-        """The four faces by field name, to build a whole that holds them and more (the
+        """The faces by field name, to build a whole that holds them and more (the
         stack): `MemoryStack(**faces.faces(), recall=...)`."""
         return {field.name: getattr(self, field.name) for field in fields(MemoryFaces)}

@@ -2,7 +2,9 @@
 
 The model never changes memory: `propose` stores a PendingDiff that a person approves
 (committed with author = the approver, naming both proposer and approver) or rejects; one
-left undecided expires.
+left undecided expires. A person may have decided ahead of time: an edit that a live standing
+approval covers (service/policies.py) is approved as it is proposed, in that person's name,
+and committed at once (`Approved-By: standing:<id>`).
 """
 
 import difflib
@@ -26,8 +28,10 @@ from durable_memory.memory.core.operations import (
     describe,
     rewrite_operation,
 )
+from durable_memory.memory.core.policies import STANDING_PREFIX, StandingApproval
 from durable_memory.memory.service.access import BlockAccess
-from durable_memory.memory.store.block_repository import compare_and_set
+from durable_memory.memory.service.policies import Policies
+from durable_memory.memory.store.block_repository import BlockTransaction, compare_and_set
 from durable_memory.memory.store.diffs import DiffStore
 from durable_memory.memory.store.git import (
     block_path,
@@ -43,9 +47,10 @@ from durable_memory.models.operations import (
 
 
 class Review:
-    def __init__(self, access: BlockAccess, diffs: DiffStore) -> None:
+    def __init__(self, access: BlockAccess, diffs: DiffStore, policies: Policies) -> None:
         self._access = access
         self._diffs = diffs
+        self._policies = policies
 
     def propose(
         self,
@@ -61,14 +66,18 @@ class Review:
         """The model's edit: checked against HEAD now, stored as pending, memory untouched.
 
         With a `diff_id` (derived from the tool call by a Temporal activity), proposing again
-        returns the diff already stored under it: a retried activity creates nothing new.
+        returns the diff already stored under it: a retried activity creates nothing new (it
+        finishes a standing approval the first attempt did not).
         With `read_at`, the commit the edit was computed from (a whole-block rewrite made from
         what the model read), it is refused if the block has moved on since.
+
+        An edit a live standing approval covers is approved and committed here: the diff
+        returned is approved with its commit (or conflicted), not pending.
         """
         if diff_id is not None:
             existing = self._diffs.find(diff_id, user_id)
             if existing is not None:
-                return existing
+                return self._approve_standing(existing)
         spec = self._access.spec(user_id, label)
         if spec.read_only:
             raise ReadOnlyBlock(f"block '{label}' is read-only; it cannot be edited by the agent")
@@ -92,8 +101,36 @@ class Review:
             created_at=datetime.now(UTC),
             summary=describe(op, label),
         )
+        # Read before anything is stored: a policies record that is not trusted refuses the
+        # proposal with its one clear error, leaving every store as it was.
+        self._policies.approving(user_id, label, op)
         self._diffs.create(diff)
-        return diff
+        return self._approve_standing(diff)
+
+    def _approve_standing(self, diff: PendingDiff) -> PendingDiff:
+        """Approve and commit a pending diff that a live standing approval covers (read again
+        now, so a revocation counts); a diff already approved is committed. Else unchanged."""
+        if diff.status is DiffStatus.APPROVED and diff.commit_sha is None:
+            return self.commit_approved(diff.id, diff.user_id)
+        if diff.status is not DiffStatus.PENDING:
+            return diff
+        standing = self._policies.approving(diff.user_id, diff.label, diff.operation)
+        if standing is None:
+            return diff
+        try:
+            approved = self._diffs.transition(
+                diff.id,
+                diff.user_id,
+                DiffStatus.PENDING,
+                DiffStatus.APPROVED,
+                decided_by=standing.name,
+                decided_at=datetime.now(UTC),
+                decision_reason=f"within standing approval {standing.id} set by "
+                f"{standing.set_by}: {standing.scope}",
+            )
+        except DiffAlreadyDecided as decided:  # a person decided it first (a retry's window)
+            return decided.diff if decided.diff is not None else diff
+        return self.commit_approved(approved.id, approved.user_id)
 
     def get(self, diff_id: str, user_id: str | None) -> PendingDiff:
         """The diff, whatever its status; with `user_id`, only if it is that user's."""
@@ -139,7 +176,7 @@ class Review:
         conflicted with the reason: it is never left approved without a commit, except for
         the instant between recording and committing, which `commit_approved` finishes.
         """
-        validate_author_name(approver)
+        _validate_person(approver)
         diff = self._pending(diff_id, user_id)
         edited = None
         if edited_markdown is not None:
@@ -187,7 +224,7 @@ class Review:
     def reject(
         self, diff_id: str, approver: str, reason: str, *, user_id: str | None = None
     ) -> PendingDiff:
-        validate_author_name(approver)
+        _validate_person(approver)
         if not reason.strip():
             raise DurableMemoryError("a rejection needs a reason")
         diff = self._pending(diff_id, user_id)
@@ -264,17 +301,29 @@ class Review:
                 if reason is not None:
                     return self._conflicted(diff, reason)
             new = apply_operation(spec, head, op)
+            standing = self._standing_of(tx, diff)
             trailers = {
                 "Diff-Id": diff.id,
                 "Proposed-By": diff.proposed_by,
                 "Approved-By": diff.decided_by or "",
+                "Standing-Approval-Set-By": standing.set_by if standing else "",
                 "Edited-By-Approver": "yes" if diff.edited_operation else "",
                 "Reason": diff.reasoning,
             }
             message = format_message(diff.summary or describe(op, diff.label), "", trailers)
-            approver = Author(name=diff.decided_by or "unknown", kind=AuthorKind.APPROVER)
+            # A standing approval's commit is authored by the person who set it.
+            person = standing.set_by if standing else diff.decided_by or "unknown"
+            approver = Author(name=person, kind=AuthorKind.APPROVER)
             sha = tx.commit({diff.label: to_toml(spec, new)}, message, approver, allow_empty=True)
         return self._diffs.set_commit(diff.id, user_id, sha)
+
+    def _standing_of(self, tx: BlockTransaction, diff: PendingDiff) -> StandingApproval | None:
+        """The standing approval that approved the diff (revoked since or not), None if a
+        person approved it."""
+        decided_by = diff.decided_by or ""
+        if not decided_by.startswith(STANDING_PREFIX):
+            return None
+        return self._policies.find(tx, decided_by.removeprefix(STANDING_PREFIX))
 
     def _conflicted(self, diff: PendingDiff, reason: str) -> PendingDiff:
         return self._diffs.transition(
@@ -297,3 +346,13 @@ class Review:
         after = to_markdown(block.spec, new).splitlines(keepends=True)
         name = f"{diff.label}.md"
         return "".join(difflib.unified_diff(before, after, f"a/{name}", f"b/{name}"))
+
+
+def _validate_person(name: str) -> str:
+    """A person's name for a decision: never one that reads as a standing approval's."""
+    if validate_author_name(name).startswith(STANDING_PREFIX):
+        raise DurableMemoryError(
+            f"invalid name {name!r:.60}: '{STANDING_PREFIX}...' names a standing approval, "
+            "not a person"
+        )
+    return name

@@ -41,6 +41,10 @@ class BlockTransaction(Protocol):
         """HEAD's profile record (the text naming the user's profile), None if it has none."""
         ...
 
+    def read_policies(self) -> str | None:
+        """HEAD's standing approvals (the text of the user's policies record), None if none."""
+        ...
+
     def working_copy(self, label: str) -> str | None:
         """The block's file as a person left it in the working tree, None if absent."""
         ...
@@ -63,9 +67,11 @@ class BlockTransaction(Protocol):
         allow_empty: bool = False,
         overwrite_hand_edits: bool = False,
         profile: str | None = None,
+        policies: str | None = None,
     ) -> str:
-        """Commit `files` (label -> TOML text), and `profile` as the profile record if given;
-        the new HEAD (HEAD itself if nothing changed and not `allow_empty`)."""
+        """Commit `files` (label -> TOML text), and `profile` as the profile record and
+        `policies` as the standing approvals if given; the new HEAD (HEAD itself if nothing
+        changed and not `allow_empty`)."""
         ...
 
 

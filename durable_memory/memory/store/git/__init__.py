@@ -1,5 +1,6 @@
-"""One git repository per user, holding `blocks/<label>.toml` and `profile.toml` (the
-name of the user's profile). Every change is a commit.
+"""One git repository per user, holding `blocks/<label>.toml`, `profile.toml` (the
+name of the user's profile) and `policies.toml` (the user's standing approvals). Every
+change is a commit.
 
 Writers for one user (threads or processes) are serialised by an flock on a file inside the
 user's `.git` directory (locking.py), so there is no global lock and git's own `index.lock` is
@@ -19,7 +20,12 @@ keeps these repositories as disposable clones of the remote's, pushing every com
 below are the package's public face.
 """
 
-from durable_memory.memory.store.git.layout import BLOCKS_DIR, PROFILE_FILE, block_path
+from durable_memory.memory.store.git.layout import (
+    BLOCKS_DIR,
+    POLICIES_FILE,
+    PROFILE_FILE,
+    block_path,
+)
 from durable_memory.memory.store.git.messages import format_message, validate_author_name
 from durable_memory.memory.store.git.remote import RemoteGitBlockStore
 from durable_memory.memory.store.git.repository import GitBlockStore
@@ -29,6 +35,7 @@ from durable_memory.memory.store.git.transaction import CLOCK_SKEW, RepoTransact
 __all__ = [
     "BLOCKS_DIR",
     "CLOCK_SKEW",
+    "POLICIES_FILE",
     "PROFILE_FILE",
     "GitBlockStore",
     "RemoteGitBlockStore",

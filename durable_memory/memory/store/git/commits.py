@@ -12,7 +12,6 @@ import git
 from durable_memory.faults import MID_COMMIT, crash_point
 from durable_memory.memory.store.git.journal import clear_journal, write_journal
 from durable_memory.memory.store.git.layout import (
-    PROFILE_FILE,
     block_path,
     open_blocks_dir,
     open_user_dir,
@@ -69,23 +68,25 @@ def write_commit(
     message: str,
     author: Author,
     *,
-    profile: str | None = None,
+    records: Mapping[str, str] | None = None,
 ) -> str:
-    """Write the `changed` block files (label -> TOML text), and the profile record if
-    `profile` is given, over HEAD `head` and commit them; return the new commit. The caller
-    holds the user's lock and has checked that the working tree and the index hold nothing but
-    HEAD for these files. A journal names the files while they are written, so recovery can
-    put them back if the process dies before the commit."""
+    """Write the `changed` block files (label -> TOML text), and the changed `records`
+    (`profile.toml`, `policies.toml`: name -> text), over HEAD `head` and commit them; return
+    the new commit. The caller holds the user's lock and has checked that the working tree and
+    the index hold nothing but HEAD for these files. A journal names the files while they are
+    written, so recovery can put them back if the process dies before the commit."""
     git_dir = Path(repo.git_dir)
-    write_journal(git_dir, head, list(changed), profile=profile is not None)
+    records = records or {}
+    write_journal(git_dir, head, list(changed), list(records))
     with open_blocks_dir(users_dir, user_id, create=True) as blocks:
         for label, text in changed.items():
             write_bytes_at(blocks, f"{label}.toml", text.encode("utf-8"))
     paths = [block_path(label) for label in changed]
-    if profile is not None:
+    if records:
         with open_user_dir(users_dir, user_id) as top:
-            write_bytes_at(top, PROFILE_FILE, profile.encode("utf-8"))
-        paths.append(PROFILE_FILE)
+            for name, text in records.items():
+                write_bytes_at(top, name, text.encode("utf-8"))
+        paths.extend(records)
     # `git add` as a subprocess (cwd passed to it): GitPython's IndexFile.add chdirs the
     # whole process, which races with threads committing to other users' repositories.
     if paths:

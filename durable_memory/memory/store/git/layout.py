@@ -1,5 +1,6 @@
 """Where blocks live in a user's repository: `blocks/<label>.toml`, one file per block, and
-`profile.toml` at the top, naming the profile the blocks follow."""
+the records at the top: `profile.toml`, naming the profile the blocks follow, and
+`policies.toml`, the user's standing approvals."""
 
 import contextlib
 from pathlib import Path
@@ -11,6 +12,11 @@ from durable_memory.memory.store.safe_files import open_dir
 BLOCKS_DIR = "blocks"
 PROFILE_FILE = "profile.toml"
 """The user's profile record, beside `blocks/`: not a block, so no label can name it."""
+POLICIES_FILE = "policies.toml"
+"""The user's standing approvals (memory/core/policies.py), beside the profile record."""
+RECORD_FILES = (PROFILE_FILE, POLICIES_FILE)
+"""The records at the top of a user's repository. A label has no '.', so no block (and no
+journal line naming a block) can be mistaken for one."""
 
 
 def block_path(label: str) -> str:

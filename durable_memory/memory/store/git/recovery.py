@@ -19,7 +19,7 @@ from durable_memory.memory.store.git.commits import run_git
 from durable_memory.memory.store.git.journal import clear_journal, read_journal
 from durable_memory.memory.store.git.layout import (
     BLOCKS_DIR,
-    PROFILE_FILE,
+    RECORD_FILES,
     block_label,
     block_path,
     open_blocks_dir,
@@ -72,7 +72,7 @@ def recover(
     else:
         if journal is not None:
             labels = journal.labels
-            _roll_back(repo, lock, users_dir, user_id, head, labels, cache, journal.profile)
+            _roll_back(repo, lock, users_dir, user_id, head, labels, cache, journal.records)
     return head
 
 
@@ -199,11 +199,11 @@ def _roll_back(
     head: str | None,
     labels: list[str] | None,
     cache: SnapshotCache,
-    profile: bool = True,
+    records: list[str] | None = None,
 ) -> None:
     """Put the block files and index entries a write touched back to HEAD: `labels`, the
-    ones an interrupted write names in its journal (and the profile record if `profile`), or
-    None after a repair, when every block file and the profile record are, and any that
+    ones an interrupted write names in its journal (and its `records`), or
+    None after a repair, when every block file and every record are, and any that
     differs from the repaired HEAD (written by a lost commit, or an edit in progress) is first
     set aside in `.git/dmem-set-aside/` for a person to look at."""
     snapshot = load_snapshot(repo, user_id, head, cache) if head else None
@@ -217,11 +217,14 @@ def _roll_back(
         for label in labels:
             _put_back(fd, f"{label}.toml", blocks.get(label), set_aside, git_dir, user_id)
     paths = [block_path(label) for label in labels]
-    if profile:
-        wanted = snapshot.profile if snapshot else None
+    if records is None:
+        records = list(RECORD_FILES)
+    if records:
         with open_user_dir(users_dir, user_id) as top:
-            _put_back(top, PROFILE_FILE, wanted, set_aside, git_dir, user_id)
-        paths.append(PROFILE_FILE)
+            for name in records:
+                wanted = snapshot.records.get(name) if snapshot else None
+                _put_back(top, name, wanted, set_aside, git_dir, user_id)
+        paths.extend(records)
     if head is not None and paths:
         run_git(repo, lock, "reset", "--quiet", "--", *paths)
     clear_journal(git_dir)
@@ -235,7 +238,7 @@ def _put_back(
     `set_aside`, a different file found there is first kept in `.git/dmem-set-aside/`."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(f"{name}.tmp", dir_fd=fd)
-    shown = f"users/{user_id}/{name if name == PROFILE_FILE else f'{BLOCKS_DIR}/{name}'}"
+    shown = f"users/{user_id}/{name if name in RECORD_FILES else f'{BLOCKS_DIR}/{name}'}"
     current = read_bytes_at(fd, name, shown)
     wanted = text.encode("utf-8") if text is not None else None
     if current == wanted:

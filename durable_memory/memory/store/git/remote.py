@@ -119,6 +119,7 @@ class RemoteTransaction(RepoTransaction):
         allow_empty: bool = False,
         overwrite_hand_edits: bool = False,
         profile: str | None = None,
+        policies: str | None = None,
     ) -> str:
         before = self.head
         new = super().commit(
@@ -128,6 +129,7 @@ class RemoteTransaction(RepoTransaction):
             allow_empty=allow_empty,
             overwrite_hand_edits=overwrite_hand_edits,
             profile=profile,
+            policies=policies,
         )
         if new != before and self.push is not None:
             crash_point(BEFORE_PUSH)

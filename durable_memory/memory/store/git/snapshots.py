@@ -14,7 +14,12 @@ import git
 from git.objects.base import IndexObject
 
 from durable_memory.memory.core.errors import UnsafeFile
-from durable_memory.memory.store.git.layout import BLOCKS_DIR, PROFILE_FILE, block_label
+from durable_memory.memory.store.git.layout import (
+    BLOCKS_DIR,
+    PROFILE_FILE,
+    RECORD_FILES,
+    block_label,
+)
 from durable_memory.memory.store.git.messages import commit_info
 from durable_memory.memory.store.safe_files import MAX_FILE_BYTES, decode_utf8, kind_of
 from durable_memory.models.history import CommitInfo
@@ -30,17 +35,22 @@ UNREADABLE_OBJECT = (ValueError, git.GitError, git.ODBError, zlib.error)
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What one commit holds: its block files (label -> TOML text), its profile record
-    (`profile.toml`, None if it has none) and who made it.
+    """What one commit holds: its block files (label -> TOML text), its records
+    (`profile.toml`, `policies.toml`: name -> text, absent if it has none) and who made it.
 
-    `refused` names what under `blocks/` (or `profile.toml`) was not read, and why: a symlink
+    `refused` names what under `blocks/` (or a record) was not read, and why: a symlink
     or a submodule committed in place of a file, text that is not UTF-8, a file that is not
     `<label>.toml`."""
 
     blocks: Mapping[str, str]
     info: CommitInfo
     refused: Mapping[str, str] = field(default_factory=dict)
-    profile: str | None = None
+    records: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def profile(self) -> str | None:
+        """The profile record, None if the commit has none."""
+        return self.records.get(PROFILE_FILE)
 
 
 class SnapshotCache:
@@ -110,13 +120,19 @@ def _read_file(item: IndexObject, path: str, refused: dict[str, str]) -> str | N
     return None
 
 
-def _read_profile_record(commit: git.Commit, refused: dict[str, str]) -> str | None:
-    """The commit's `profile.toml`, None if it has none (or it is refused: see `refused`)."""
-    try:
-        entry = commit.tree / PROFILE_FILE
-    except KeyError:
-        return None
-    return _read_file(entry, PROFILE_FILE, refused)
+def _read_records(commit: git.Commit, refused: dict[str, str]) -> dict[str, str]:
+    """The commit's records (name -> text); one it lacks, or that is refused (see `refused`),
+    is absent."""
+    records: dict[str, str] = {}
+    for name in RECORD_FILES:
+        try:
+            entry = commit.tree / name
+        except KeyError:
+            continue
+        text = _read_file(entry, name, refused)
+        if text is not None:
+            records[name] = text
+    return records
 
 
 def _entry_kind(mode: int) -> str:
@@ -131,9 +147,9 @@ def load_snapshot(repo: git.Repo, user_id: str, sha: str, cache: SnapshotCache) 
     if found is None:
         commit = repo.commit(sha)
         blocks, refused = _read_tree_blocks(commit)
-        profile = _read_profile_record(commit, refused)
+        records = _read_records(commit, refused)
         for path, why in refused.items():
             log.warning("user '%s': commit %s: %s is %s: not read", user_id, sha[:12], path, why)
-        found = Snapshot(blocks=blocks, info=commit_info(commit), refused=refused, profile=profile)
+        found = Snapshot(blocks=blocks, info=commit_info(commit), refused=refused, records=records)
         cache.put(user_id, sha, found)
     return found

@@ -16,7 +16,9 @@ from durable_memory.memory.core.errors import HandEditPending, UnsafeFile
 from durable_memory.memory.store.git.commits import write_commit
 from durable_memory.memory.store.git.layout import (
     BLOCKS_DIR,
+    POLICIES_FILE,
     PROFILE_FILE,
+    RECORD_FILES,
     block_path,
     open_blocks_dir,
     open_user_dir,
@@ -36,6 +38,10 @@ def _blob_sha(text: str) -> bytes:
     """The id git gives a file with this content (what the index stores for it)."""
     data = text.encode("utf-8")
     return hashlib.sha1(b"blob %d\x00" % len(data) + data, usedforsecurity=False).digest()
+
+
+_RECORD_COMMANDS = {PROFILE_FILE: "dmem profile set", POLICIES_FILE: "dmem policy set|revoke"}
+"""The command that changes each record (named when a hand edit is in the way)."""
 
 
 @dataclass
@@ -75,23 +81,31 @@ class RepoTransaction:
                 )
         return snapshot.blocks.get(label)
 
-    def read_profile(self) -> str | None:
-        """HEAD's profile record (`profile.toml`), None if it has none. A symlink, a submodule
-        or bytes that are not UTF-8 committed there are refused."""
+    def read_record(self, name: str) -> str | None:
+        """HEAD's record `name` (one of `RECORD_FILES`), None if it has none. A symlink, a
+        submodule or bytes that are not UTF-8 committed there are refused."""
         if self.head is None:
             return None
         snapshot = self.snapshot(self.head)
-        if PROFILE_FILE in snapshot.refused:
+        if name in snapshot.refused:
             raise UnsafeFile(
-                f"users/{self.user_id}/{PROFILE_FILE} at {self.head[:12]} is "
-                f"{snapshot.refused[PROFILE_FILE]}: refused, nothing was read from it"
+                f"users/{self.user_id}/{name} at {self.head[:12]} is "
+                f"{snapshot.refused[name]}: refused, nothing was read from it"
             )
-        return snapshot.profile
+        return snapshot.records.get(name)
 
-    def _profile_working_copy(self) -> str | None:
-        shown = f"users/{self.user_id}/{PROFILE_FILE}"
+    def read_profile(self) -> str | None:
+        """HEAD's profile record (`profile.toml`), None if it has none."""
+        return self.read_record(PROFILE_FILE)
+
+    def read_policies(self) -> str | None:
+        """HEAD's standing approvals (`policies.toml`), None if it has none."""
+        return self.read_record(POLICIES_FILE)
+
+    def _record_working_copy(self, name: str) -> str | None:
+        shown = f"users/{self.user_id}/{name}"
         with open_user_dir(self.users_dir, self.user_id) as top:
-            data = read_bytes_at(top, PROFILE_FILE, shown)
+            data = read_bytes_at(top, name, shown)
         return None if data is None else decode_utf8(data, shown)
 
     def labels(self) -> list[str]:
@@ -144,18 +158,19 @@ class RepoTransaction:
                 return sha
         return None
 
-    def _staged_by_hand(self, head: Mapping[str, str], profile: str | None) -> list[str]:
-        """Block files (and the profile record) whose staged content is not HEAD's (`head`,
-        `profile`): someone ran `git add` by hand. Committing now would carry that unvalidated
-        content into memory with ours."""
+    def _staged_by_hand(
+        self, head: Mapping[str, str], records: Mapping[str, str | None]
+    ) -> list[str]:
+        """Block files (and records) whose staged content is not HEAD's (`head`, `records`):
+        someone ran `git add` by hand. Committing now would carry that unvalidated content
+        into memory with ours."""
         expected = {f"{BLOCKS_DIR}/{label}.toml": _blob_sha(text) for label, text in head.items()}
-        if profile is not None:
-            expected[PROFILE_FILE] = _blob_sha(profile)
+        expected.update({name: _blob_sha(text) for name, text in records.items() if text})
         staged = {
             str(path): entry.binsha
             for (path, _stage), entry in self.repo.index.entries.items()
             if (str(path).startswith(f"{BLOCKS_DIR}/") and str(path).endswith(".toml"))
-            or str(path) == PROFILE_FILE
+            or str(path) in RECORD_FILES
         }
         return sorted(
             p for p in expected.keys() | staged.keys() if expected.get(p) != staged.get(p)
@@ -170,23 +185,31 @@ class RepoTransaction:
         allow_empty: bool = False,
         overwrite_hand_edits: bool = False,
         profile: str | None = None,
+        policies: str | None = None,
     ) -> str:
-        """Write `files` (label -> TOML text), and `profile` as the profile record if given,
-        and commit them. Returns the new commit sha.
+        """Write `files` (label -> TOML text), and `profile` as the profile record and
+        `policies` as the standing approvals if given, and commit them. Returns the new commit
+        sha.
 
         A change that alters nothing returns HEAD without a commit unless `allow_empty`.
         """
         changed = {label: text for label, text in files.items() if self.read(label) != text}
-        head_profile = self.read_profile()
-        new_profile = profile if profile is not None and profile != head_profile else None
-        if not changed and new_profile is None and not allow_empty and self.head is not None:
+        head_records = {name: self.read_record(name) for name in RECORD_FILES}
+        wanted = {PROFILE_FILE: profile, POLICIES_FILE: policies}
+        new_records = {
+            name: text
+            for name, text in wanted.items()
+            if text is not None and text != head_records[name]
+        }
+        if not changed and not new_records and not allow_empty and self.head is not None:
             return self.head
-        if new_profile is not None and self._profile_working_copy() not in (None, head_profile):
-            raise HandEditPending(
-                f"{PROFILE_FILE} of user '{self.user_id}' has changes made by hand that are not "
-                "committed; discard them with `git checkout`, and change the profile with "
-                "`dmem profile set`, then try again"
-            )
+        for name in new_records:
+            if self._record_working_copy(name) not in (None, head_records[name]):
+                raise HandEditPending(
+                    f"{name} of user '{self.user_id}' has changes made by hand that are not "
+                    f"committed; discard them with `git checkout`, and change it with "
+                    f"`{_RECORD_COMMANDS[name]}`, then try again"
+                )
         for label in () if overwrite_hand_edits else changed:
             on_disk = self.working_copy(label)
             if on_disk is not None and on_disk != self.read(label):
@@ -196,7 +219,7 @@ class RepoTransaction:
                     "them with `git checkout`, then try again"
                 )
         before = self.snapshot(self.head).blocks if self.head else {}
-        staged = self._staged_by_hand(before, head_profile)
+        staged = self._staged_by_hand(before, head_records)
         if staged:
             raise HandEditPending(
                 f"{', '.join(staged)} of user '{self.user_id}' has changes staged by hand "
@@ -212,14 +235,18 @@ class RepoTransaction:
             changed,
             message,
             author,
-            profile=new_profile,
+            records=new_records,
         )
         # The index held HEAD plus our files (checked above), so this is the new commit.
         self.head = new
         snapshot = Snapshot(
             blocks={**before, **changed},
             info=commit_info(self.repo.commit(new)),
-            profile=new_profile if new_profile is not None else head_profile,
+            records={
+                name: text
+                for name, text in {**head_records, **new_records}.items()
+                if text is not None
+            },
         )
         self.cache.put(self.user_id, new, snapshot)
         return new
