@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,6 +26,7 @@ from durable_memory.client import MemoryClient, connect_temporal
 from durable_memory.config import Settings, load_settings
 from durable_memory.memory.core.errors import DurableMemoryError, UnsafeFile, validation_message
 from durable_memory.memory.core.ids import validate_diff_id, validate_user_id
+from durable_memory.memory.core.policies import parse_expiry
 from durable_memory.memory.core.profiles import ProfileCatalog
 from durable_memory.memory.service.access import block_spec
 from durable_memory.memory.service.history import EditedDirectory
@@ -125,6 +127,27 @@ def cmd_profile_set(args: argparse.Namespace) -> None:
     with _stack(args) as stack:
         sha = stack.edits.set_profile(args.user, args.name, _person(args.as_name))
     print(f"profile of '{args.user}' is {args.name}, at commit {sha[:12]}")
+
+
+def cmd_policy(args: argparse.Namespace) -> None:
+    with _stack(args) as stack:
+        policies = stack.policies
+        if args.policy_command == "set":
+            expires = parse_expiry(args.expires, datetime.now(UTC))
+            policies.set(
+                args.user, args.label, args.operation, args.as_name, expires, args.reason or ""
+            )
+        elif args.policy_command == "revoke":
+            policies.revoke(args.user, args.policy_id, args.as_name)
+        rows = policies.approvals(args.user)
+    now = datetime.now(UTC)
+    lines = [
+        f"{a.id}  {a.state(now).value:<7}  {a.scope}  set by {a.set_by} {a.set_at:%Y-%m-%d}, "
+        f"expires {a.expires_at:%Y-%m-%d %H:%M}"
+        + (f", revoked by {a.revoked_by}" if a.revoked_by else "")
+        for a in rows
+    ]
+    _emit(args, rows, "\n".join(lines) or f"user '{args.user}' has no standing approvals")
 
 
 def cmd_blocks(args: argparse.Namespace) -> None:
@@ -582,6 +605,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("user")
     p.add_argument("name")
     p.add_argument("--as", dest="as_name", required=True, help="who changes it")
+    policy = sub.add_parser("policy", help="a user's standing approvals").add_subparsers(
+        dest="policy_command", required=True, metavar="COMMAND"
+    )
+    for name, help_ in (
+        ("list", "list them (then every command lists them)"),
+        ("set", "approve ahead of time the agent's edits of some kinds to one block"),
+        ("revoke", "revoke one: the next proposal waits for a person"),
+    ):
+        p = policy.add_parser(name, help=help_, parents=[after_command])
+        p.set_defaults(func=cmd_policy)
+        p.add_argument("user")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "set":
+            p.add_argument("--block", dest="label", required=True)
+            p.add_argument("--operation", action="append", required=True, help="repeatable")
+            p.add_argument("--expires", required=True, help="30d, 12h or an ISO 8601 time")
+            p.add_argument("--reason")
+        if name == "revoke":
+            p.add_argument("policy_id")
+        if name != "list":
+            p.add_argument("--as", dest="as_name", required=True, help="who decides")
     p = add("blocks", cmd_blocks, "show a user's memory blocks", True)
     p.add_argument("user")
     p.add_argument("label", nargs="?")

@@ -23,7 +23,7 @@ import gc
 import logging
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, ParamSpec, Self, TypeVar
 
@@ -66,6 +66,7 @@ from durable_memory.memory.core.errors import (
 from durable_memory.memory.core.formats import from_markdown
 from durable_memory.memory.core.ids import validate_diff_id, validate_user_id
 from durable_memory.memory.core.limits import cut_at_word
+from durable_memory.memory.core.policies import StandingApproval
 from durable_memory.memory.service.access import block_spec
 from durable_memory.memory.store.git import validate_author_name
 from durable_memory.models.archive import ArchiveSearch, PassageHit
@@ -382,6 +383,33 @@ class MemoryClient:
 
     async def profile_of(self, user_id: str) -> AgentProfile:
         return await self._memory(self.stack.blocks.profile, validate_user_id(user_id))
+
+    # -- standing approvals ----------------------------------------------------------------
+
+    async def standing_approvals(self, user_id: str) -> list[StandingApproval]:
+        """The user's standing approvals, oldest first (live, expired and revoked)."""
+        return await self._memory(self.stack.policies.approvals, user_id)
+
+    async def set_standing_approval(
+        self,
+        user_id: str,
+        label: str,
+        operations: list[str],
+        set_by: str,
+        expires_at: datetime,
+        reason: str = "",
+    ) -> StandingApproval:
+        """Approve ahead of time the agent's edits of `operations` kinds to block `label`,
+        until `expires_at`; committed in the user's repository as `set_by`."""
+        return await self._memory(
+            self.stack.policies.set, user_id, label, operations, set_by, expires_at, reason
+        )
+
+    async def revoke_standing_approval(
+        self, user_id: str, policy_id: str, revoked_by: str
+    ) -> StandingApproval:
+        """Revoke a standing approval (committed as `revoked_by`): the next proposal waits."""
+        return await self._memory(self.stack.policies.revoke, user_id, policy_id, revoked_by)
 
     # -- a person's own memory -------------------------------------------------------------
 

@@ -12,7 +12,6 @@ from durable_memory.memory.agent.steps import TurnSteps
 from durable_memory.memory.core.errors import DiffAlreadyDecided
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.turn import (
-    DECISION_OF_STATUS,
     DecisionOutcome,
     DiffDecision,
     FinishedTurn,
@@ -28,16 +27,7 @@ from durable_memory.models.turn import (
 
 
 def _outcome(diff: PendingDiff, message: str = "") -> DecisionOutcome:
-    return DecisionOutcome(
-        diff_id=diff.id,
-        status=diff.status,
-        commit_sha=diff.commit_sha,
-        message=message or (diff.decision_reason or ""),
-        label=diff.label,
-        decided_by=diff.decided_by,
-        decided_at=diff.decided_at,
-        decision=DECISION_OF_STATUS.get(diff.status),
-    )
+    return DecisionOutcome.of_diff(diff, message)
 
 
 _DECIDED_AS = {

@@ -23,6 +23,9 @@ class DiffStatus(StrEnum):
 
 
 TURN_PROPOSER_PREFIX = "turn:"
+STANDING_PREFIX = "standing:"
+"""How a standing approval is named where a person's name would stand (the diff's decider,
+the commit's Approved-By trailer): `standing:<policy id>` (memory/core/policies.py)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,16 @@ class PendingDiff(BaseModel):
     @property
     def proposer(self) -> Proposer:
         return Proposer.parse(self.proposed_by)
+
+    @property
+    def standing_approval(self) -> str | None:
+        """The id of the standing approval that approved it, None if a person decided it."""
+        decided_by = self.decided_by or ""
+        return (
+            decided_by.removeprefix(STANDING_PREFIX)
+            if decided_by.startswith(STANDING_PREFIX)
+            else None
+        )
 
     @property
     def effective_operation(self) -> EditOperation:

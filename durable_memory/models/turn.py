@@ -14,7 +14,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 
 from durable_memory.models.activity_settings import ActivitiesSettings
 from durable_memory.models.blocks import RotationStrategyName
-from durable_memory.models.diffs import DiffStatus
+from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.ids import USER_ID
 from durable_memory.models.llm import CostFactors, TokenUsage
 
@@ -231,6 +231,8 @@ class ProposedDiff(BaseModel):
     label: str
     summary: str
     status: DiffStatus
+    outcome: "DecisionOutcome | None" = None
+    """What settled it as it was proposed (a standing approval's commit), None otherwise."""
 
 
 class DiffPreview(BaseModel):
@@ -353,6 +355,24 @@ class DecisionOutcome(BaseModel):
     decision: Literal["approve", "reject"] | None = None
     """The human decision that settled it (an approval that conflicted: "approve"); None
     while pending, and for an expired or superseded diff, which no person decided."""
+    standing_approval: str | None = None
+    """The id of the standing approval that approved it (`decided_by` is then
+    `standing:<id>`, and `message` names the person who set it), None if a person decided."""
+
+    @classmethod
+    def of_diff(cls, diff: PendingDiff, message: str = "") -> "DecisionOutcome":
+        """The diff's outcome as it stands (`message`, if given, instead of its reason)."""
+        return cls(
+            diff_id=diff.id,
+            status=diff.status,
+            commit_sha=diff.commit_sha,
+            message=message or (diff.decision_reason or ""),
+            label=diff.label,
+            decided_by=diff.decided_by,
+            decided_at=diff.decided_at,
+            decision=DECISION_OF_STATUS.get(diff.status),
+            standing_approval=diff.standing_approval,
+        )
 
 
 DECISION_OF_STATUS: dict[DiffStatus, Literal["approve", "reject"]] = {
@@ -361,6 +381,8 @@ DECISION_OF_STATUS: dict[DiffStatus, Literal["approve", "reject"]] = {
     DiffStatus.REJECTED: "reject",
 }
 """The decision each decided status records (`DecisionOutcome.decision`)."""
+
+ProposedDiff.model_rebuild()
 
 
 class DiffView(BaseModel):

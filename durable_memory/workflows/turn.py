@@ -228,7 +228,7 @@ class TurnWorkflow:
             if diff.status is DiffStatus.PENDING:
                 self._open.setdefault(diff.id, diff)
             else:
-                self._outcomes[diff.id] = DecisionOutcome(
+                self._outcomes[diff.id] = diff.outcome or DecisionOutcome(
                     diff_id=diff.id, status=diff.status, label=diff.label
                 )
         self._show_details()

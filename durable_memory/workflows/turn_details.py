@@ -62,6 +62,8 @@ def status_line(diff_id: str, outcome: DecisionOutcome | None) -> str:
     match outcome.status:
         case DiffStatus.APPROVED:
             commit = f" · commit `{outcome.commit_sha[:12]}`" if outcome.commit_sha else ""
+            if outcome.standing_approval:  # the message names the policy and who set it
+                return head + f"**approved**{when}{commit}{_reason(outcome)}"
             return head + f"**approved**{who}{when}{commit}"
         case DiffStatus.CONFLICTED:
             return (

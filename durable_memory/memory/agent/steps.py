@@ -40,6 +40,7 @@ from durable_memory.models.limits import MAX_REPLY_TEXT_CHARS, MAX_TOOL_CALLS_PE
 from durable_memory.models.llm import ChatMessage, ModelReply, TextBlock, ToolResultBlock
 from durable_memory.models.recall import MessageRole, NewMessage, RecallMessage
 from durable_memory.models.turn import (
+    DecisionOutcome,
     DiffPreview,
     FinishedTurn,
     FinishInput,
@@ -343,7 +344,13 @@ class TurnSteps:
         ]
         return FinishedTurn(
             diffs=[
-                ProposedDiff(id=d.id, label=d.label, summary=d.summary, status=d.status)
+                ProposedDiff(
+                    id=d.id,
+                    label=d.label,
+                    summary=d.summary,
+                    status=d.status,
+                    outcome=None if d.status is DiffStatus.PENDING else DecisionOutcome.of_diff(d),
+                )
                 for d in diffs
             ],
             previews=previews,

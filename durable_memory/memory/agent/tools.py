@@ -42,7 +42,7 @@ from durable_memory.memory.service.blocks import Blocks
 from durable_memory.memory.service.review import Review
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.models.archive import ArchiveSearch, NewPassage, PassageSource
-from durable_memory.models.diffs import Proposer
+from durable_memory.models.diffs import DiffStatus, Proposer
 from durable_memory.models.limits import (
     MAX_ARGUMENT_NAME_CHARS,
     MAX_RESULT_TEXT_CHARS,
@@ -223,10 +223,18 @@ class MemoryTools:
         except (DurableMemoryError, ValidationError) as error:
             return ToolOutcome(f"{name} failed: {error}", is_error=True)
         # The summary quotes the model's text: as a JSON string it cannot end the sentence.
+        if diff.status is DiffStatus.APPROVED:
+            fate = (
+                f"A standing approval ({diff.decision_reason}) covered it: it is in memory "
+                "now; do not propose it again."
+            )
+        elif diff.status is DiffStatus.CONFLICTED:
+            fate = f"It was pre-approved but did not apply ({diff.decision_reason})."
+        else:
+            fate = "It awaits human approval and is not in memory yet; do not propose it again."
         return ToolOutcome(
             f"Proposed edit {diff.id} to block '{label}': "
-            f"{json.dumps(diff.summary, ensure_ascii=False)}. It awaits human approval and is "
-            "not in memory yet; do not propose it again.",
+            f"{json.dumps(diff.summary, ensure_ascii=False)}. {fate}",
             diff_id=diff.id,
         )
 

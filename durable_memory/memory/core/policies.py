@@ -19,11 +19,9 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 
 from durable_memory.memory.core.errors import DurableMemoryError, validation_message
 from durable_memory.models.blocks import BlockSpec
+from durable_memory.models.diffs import STANDING_PREFIX
 from durable_memory.models.operations import EditOperation
 
-STANDING_PREFIX = "standing:"
-"""How a standing approval is named where a person's name would stand (the diff's decider,
-the commit's Approved-By trailer): `standing:<policy id>`."""
 MAX_STANDING = timedelta(days=366)
 """The longest a standing approval may run: it is renewed on purpose, never kept by default."""
 MAX_APPROVALS = 100
@@ -152,6 +150,24 @@ def format_policies(approvals: list[StandingApproval]) -> str:
         "# a record edited by hand that does not parse approves nothing.\n\n"
         + tomli_w.dumps({"approval": tables})
     )
+
+
+def parse_expiry(text: str, now: datetime) -> datetime:
+    """`30d`, `12h` (from `now`) or an ISO 8601 time with its time zone."""
+    units = {"d": timedelta(days=1), "h": timedelta(hours=1)}
+    count, unit = text[:-1], text[-1:]
+    if unit in units and count.isdigit():
+        return now + int(count) * units[unit]
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        at = None
+    if at is None or at.tzinfo is None:
+        raise PolicyError(
+            f"expiry {text!r:.40}: give a duration (30d, 12h) or an ISO 8601 time with its "
+            "time zone (2027-01-31T00:00Z)"
+        )
+    return at
 
 
 def approving(

@@ -28,7 +28,7 @@ from durable_memory.memory.core.operations import (
     describe,
     rewrite_operation,
 )
-from durable_memory.memory.core.policies import STANDING_PREFIX, StandingApproval
+from durable_memory.memory.core.policies import StandingApproval
 from durable_memory.memory.service.access import BlockAccess
 from durable_memory.memory.service.policies import Policies
 from durable_memory.memory.store.block_repository import BlockTransaction, compare_and_set
@@ -38,7 +38,7 @@ from durable_memory.memory.store.git import (
     format_message,
     validate_author_name,
 )
-from durable_memory.models.diffs import DiffStatus, PendingDiff, Proposer
+from durable_memory.models.diffs import STANDING_PREFIX, DiffStatus, PendingDiff, Proposer
 from durable_memory.models.history import SYSTEM_AUTHOR, Author, AuthorKind
 from durable_memory.models.operations import (
     ClearTask,
@@ -320,10 +320,8 @@ class Review:
     def _standing_of(self, tx: BlockTransaction, diff: PendingDiff) -> StandingApproval | None:
         """The standing approval that approved the diff (revoked since or not), None if a
         person approved it."""
-        decided_by = diff.decided_by or ""
-        if not decided_by.startswith(STANDING_PREFIX):
-            return None
-        return self._policies.find(tx, decided_by.removeprefix(STANDING_PREFIX))
+        policy_id = diff.standing_approval
+        return None if policy_id is None else self._policies.find(tx, policy_id)
 
     def _conflicted(self, diff: PendingDiff, reason: str) -> PendingDiff:
         return self._diffs.transition(
