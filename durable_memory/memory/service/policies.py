@@ -23,8 +23,19 @@ from durable_memory.memory.core.policies import (
 from durable_memory.memory.service.access import BlockAccess, block_spec
 from durable_memory.memory.store.block_repository import BlockTransaction, compare_and_set
 from durable_memory.memory.store.git import POLICIES_FILE, format_message, validate_author_name
+from durable_memory.models.diffs import STANDING_PREFIX
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.operations import EditOperation
+
+
+def validate_person(name: str) -> str:
+    """A person's name for a decision: never one that reads as a standing approval's."""
+    if validate_author_name(name).startswith(STANDING_PREFIX):
+        raise PolicyError(
+            f"invalid name {name!r:.60}: '{STANDING_PREFIX}...' names a standing approval, "
+            "not a person"
+        )
+    return name
 
 
 class Policies:
@@ -75,7 +86,7 @@ class Policies:
         reason: str = "",
     ) -> StandingApproval:
         """Record and commit a new standing approval (author = `set_by`)."""
-        validate_author_name(set_by)
+        validate_person(set_by)
         ops = tuple(dict.fromkeys(operations))
         check_operations(ops)
         now = datetime.now(UTC)
@@ -102,7 +113,7 @@ class Policies:
     @compare_and_set
     def revoke(self, user_id: str, policy_id: str, revoked_by: str) -> StandingApproval:
         """Mark a standing approval revoked and commit it (author = `revoked_by`)."""
-        validate_author_name(revoked_by)
+        validate_person(revoked_by)
         with self._access.git.transaction(validate_user_id(user_id)) as tx:
             approvals = self.read_in(tx)
             old = self.find(tx, policy_id)

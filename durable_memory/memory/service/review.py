@@ -30,15 +30,14 @@ from durable_memory.memory.core.operations import (
 )
 from durable_memory.memory.core.policies import StandingApproval
 from durable_memory.memory.service.access import BlockAccess
-from durable_memory.memory.service.policies import Policies
+from durable_memory.memory.service.policies import Policies, validate_person
 from durable_memory.memory.store.block_repository import BlockTransaction, compare_and_set
 from durable_memory.memory.store.diffs import DiffStore
 from durable_memory.memory.store.git import (
     block_path,
     format_message,
-    validate_author_name,
 )
-from durable_memory.models.diffs import STANDING_PREFIX, DiffStatus, PendingDiff, Proposer
+from durable_memory.models.diffs import DiffStatus, PendingDiff, Proposer
 from durable_memory.models.history import SYSTEM_AUTHOR, Author, AuthorKind
 from durable_memory.models.operations import (
     ClearTask,
@@ -176,7 +175,7 @@ class Review:
         conflicted with the reason: it is never left approved without a commit, except for
         the instant between recording and committing, which `commit_approved` finishes.
         """
-        _validate_person(approver)
+        validate_person(approver)
         diff = self._pending(diff_id, user_id)
         edited = None
         if edited_markdown is not None:
@@ -224,7 +223,7 @@ class Review:
     def reject(
         self, diff_id: str, approver: str, reason: str, *, user_id: str | None = None
     ) -> PendingDiff:
-        _validate_person(approver)
+        validate_person(approver)
         if not reason.strip():
             raise DurableMemoryError("a rejection needs a reason")
         diff = self._pending(diff_id, user_id)
@@ -344,13 +343,3 @@ class Review:
         after = to_markdown(block.spec, new).splitlines(keepends=True)
         name = f"{diff.label}.md"
         return "".join(difflib.unified_diff(before, after, f"a/{name}", f"b/{name}"))
-
-
-def _validate_person(name: str) -> str:
-    """A person's name for a decision: never one that reads as a standing approval's."""
-    if validate_author_name(name).startswith(STANDING_PREFIX):
-        raise DurableMemoryError(
-            f"invalid name {name!r:.60}: '{STANDING_PREFIX}...' names a standing approval, "
-            "not a person"
-        )
-    return name
