@@ -221,6 +221,8 @@ class MemoryTools:
                 user_id, label, op, reasoning, Proposer.turn(turn_id), diff_id=diff_id
             )
         except (DurableMemoryError, ValidationError) as error:
+            if isinstance(error, DurableMemoryError) and error.retryable:
+                raise  # e.g. the git remote is down: the step is retried, not reported failed
             return ToolOutcome(f"{name} failed: {error}", is_error=True)
         # The summary quotes the model's text: as a JSON string it cannot end the sentence.
         if diff.status is DiffStatus.APPROVED:

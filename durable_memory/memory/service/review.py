@@ -5,6 +5,10 @@ The model never changes memory: `propose` stores a PendingDiff that a person app
 left undecided expires. A person may have decided ahead of time: an edit that a live standing
 approval covers (service/policies.py) is approved as it is proposed, in that person's name,
 and committed at once (`Approved-By: standing:<id>`).
+
+One module though over 300 lines: a diff's whole life (proposed, approved by a person or
+ahead of time, committed exactly once, rejected, expired, conflicted) is one set of
+compare-and-set transitions, read together.
 """
 
 import difflib
@@ -62,7 +66,8 @@ class Review:
         diff_id: str | None = None,
         read_at: str | None = None,
     ) -> PendingDiff:
-        """The model's edit: checked against HEAD now, stored as pending, memory untouched.
+        """The model's edit: checked against HEAD now, stored as pending, memory untouched,
+        unless a person approved such edits ahead of time (below).
 
         With a `diff_id` (derived from the tool call by a Temporal activity), proposing again
         returns the diff already stored under it: a retried activity creates nothing new (it
@@ -70,13 +75,13 @@ class Review:
         With `read_at`, the commit the edit was computed from (a whole-block rewrite made from
         what the model read), it is refused if the block has moved on since.
 
-        An edit a live standing approval covers is approved and committed here: the diff
-        returned is approved with its commit (or conflicted), not pending.
+        An edit a live standing approval covers is approved in its name and committed here:
+        the diff returned is approved with its commit (or conflicted), not pending.
         """
         if diff_id is not None:
             existing = self._diffs.find(diff_id, user_id)
             if existing is not None:
-                return self._approve_standing(existing)
+                return self._settle_again(existing)
         spec = self._access.spec(user_id, label)
         if spec.read_only:
             raise ReadOnlyBlock(f"block '{label}' is read-only; it cannot be edited by the agent")
@@ -102,20 +107,24 @@ class Review:
         )
         # Read before anything is stored: a policies record that is not trusted refuses the
         # proposal with its one clear error, leaving every store as it was.
-        self._policies.approving(user_id, label, op)
+        standing = self._policies.approving(user_id, label, op)
         self._diffs.create(diff)
-        return self._approve_standing(diff)
+        return diff if standing is None else self._approve_standing(diff, standing)
 
-    def _approve_standing(self, diff: PendingDiff) -> PendingDiff:
-        """Approve and commit a pending diff that a live standing approval covers (read again
-        now, so a revocation counts); a diff already approved is committed. Else unchanged."""
+    def _settle_again(self, diff: PendingDiff) -> PendingDiff:
+        """A proposal made again (a retried step): finish what the first attempt began, an
+        approval's commit, or a standing approval (read again now, so a revocation counts)."""
         if diff.status is DiffStatus.APPROVED and diff.commit_sha is None:
             return self.commit_approved(diff.id, diff.user_id)
         if diff.status is not DiffStatus.PENDING:
             return diff
         standing = self._policies.approving(diff.user_id, diff.label, diff.operation)
-        if standing is None:
-            return diff
+        return diff if standing is None else self._approve_standing(diff, standing)
+
+    def _approve_standing(self, diff: PendingDiff, standing: StandingApproval) -> PendingDiff:
+        """Record the pending diff approved by `standing`, then commit it. A commit that must
+        wait (the git remote is down) raises its retryable error: the step is retried, and
+        the retry commits the approval recorded here."""
         try:
             approved = self._diffs.transition(
                 diff.id,
