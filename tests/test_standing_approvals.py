@@ -4,8 +4,10 @@ approved and committed at once, naming the policy (`Approved-By: standing:<id>`)
 person who set it; anything else waits for a person as before; a block the profile marks
 `never_pre_approved` is refused; a revocation counts for the next proposal; an expired policy
 approves nothing; a policies record pushed by hand that is not trusted is one error and
-changes nothing. One turn on a real Temporal dev server shows an edit approved this way."""
+changes nothing. Turns on a real Temporal dev server show an edit approved this way, and
+committed exactly once by a worker restarted after it was killed in the middle of the commit."""
 
+import asyncio
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,8 +16,10 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from durable_memory.bootstrap import MemoryStack, open_stack
+from durable_memory.bootstrap import MemoryStack, open_stack, stack_from_settings
 from durable_memory.cli import main
+from durable_memory.client import MemoryClient
+from durable_memory.faults import MID_COMMIT
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.core.policies import (
     PolicyError,
@@ -25,8 +29,9 @@ from durable_memory.memory.core.policies import (
 )
 from durable_memory.models.diffs import DiffStatus, PendingDiff, Proposer
 from durable_memory.models.operations import AddContext, AppendText, EditOperation, LearnFact
+from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workflows.turn import TurnWorkflow
-from tests.support.agent_helpers import edit_block
+from tests.support.agent_helpers import edit_block, git_status
 from tests.support.git_checks import git_output
 from tests.support.snapshots import snapshot
 from tests.support.temporal_helpers import (
@@ -35,6 +40,7 @@ from tests.support.temporal_helpers import (
     running_rig,
     turn_outcome,
 )
+from tests.support.worker_process import address, crash_settings, worker_process
 
 TEACHER = "ms-rivera"
 IN_A_MONTH = timedelta(days=30)
@@ -265,3 +271,38 @@ async def test_a_turn_commits_an_edit_a_standing_approval_covers(
         assert approved.standing_approval == policy.id
         assert approved.commit_sha is not None
         assert await handle.query(TurnWorkflow.status) == "done"
+
+
+async def test_a_worker_killed_mid_commit_of_a_standing_approval_commits_it_once(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    settings = crash_settings(tmp_path)
+    settings.memory.data_dir.mkdir(parents=True)
+    stack = stack_from_settings(settings)
+    stack.blocks.ensure_user("alice")
+    policy = stack.policies.set(
+        "alice", "human", ["add_context"], TEACHER, datetime.now(UTC) + IN_A_MONTH
+    )
+    client = MemoryClient(temporal_env.client, settings, stack)
+    script: list[dict[str, Any]] = [
+        {"content": [edit_block("human", operation="add_context", value="prefers mornings")]},
+        {"text": "Noted."},
+    ]
+    with ScriptedModelServer(script) as model:
+        with worker_process(
+            settings, address(temporal_env), model.url, MID_COMMIT, tmp_path / "crashed"
+        ) as first:
+            sending = asyncio.create_task(client.send_message("alice", "mornings", turn_id="k1"))
+            assert await asyncio.to_thread(first.wait, 60) == -9  # in the standing commit
+        with worker_process(settings, address(temporal_env), model.url):
+            reply = await asyncio.wait_for(sending, 90)
+            outcome = await turn_outcome(client, "alice", "k1")
+    [diff] = reply.diffs
+    assert diff.status is DiffStatus.APPROVED
+    [decision] = outcome.decisions
+    assert decision.standing_approval == policy.id
+    commits = [c for c in stack.history.log("alice", 20) if c.trailers.get("Diff-Id") == diff.id]
+    assert [c.sha for c in commits] == [decision.commit_sha]  # exactly one commit
+    assert commits[0].trailers["Approved-By"] == f"standing:{policy.id}"
+    assert git_status(stack.git.repo_path("alice")) == ""
+    stack.close()
