@@ -5,7 +5,8 @@ person who set it; anything else waits for a person as before; a block the profi
 `never_pre_approved` is refused; a revocation counts for the next proposal; an expired policy
 approves nothing; a policies record pushed by hand that is not trusted is one error and
 changes nothing. Turns on a real Temporal dev server show an edit approved this way, and
-committed exactly once by a worker restarted after it was killed in the middle of the commit."""
+committed exactly once by a worker restarted after it was killed in the middle of the commit.
+With a git remote, a policy set or revoked on one host counts on another."""
 
 import asyncio
 from collections.abc import Callable, Iterator
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import Engine
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.bootstrap import MemoryStack, open_stack, stack_from_settings
@@ -41,6 +43,7 @@ from tests.support.temporal_helpers import (
     turn_outcome,
 )
 from tests.support.worker_process import address, crash_settings, worker_process
+from tests.test_remote_store import Remote, host
 
 TEACHER = "ms-rivera"
 IN_A_MONTH = timedelta(days=30)
@@ -306,3 +309,24 @@ async def test_a_worker_killed_mid_commit_of_a_standing_approval_commits_it_once
     assert commits[0].trailers["Approved-By"] == f"standing:{policy.id}"
     assert git_status(stack.git.repo_path("alice")) == ""
     stack.close()
+
+
+def test_on_two_hosts_a_policy_set_or_revoked_on_one_counts_on_the_other(
+    engine: Engine, tmp_path: Path
+) -> None:
+    remote = Remote("http", tmp_path)
+    try:
+        a, b = host(remote, engine, tmp_path / "a"), host(remote, engine, tmp_path / "b")
+        a.blocks.ensure_user("alice")
+        later = datetime.now(UTC) + IN_A_MONTH
+        policy = a.policies.set("alice", "human", ["add_context"], TEACHER, later)
+        note = AddContext(note="one")
+        first = b.review.propose("alice", "human", note, "r", Proposer.turn("t"))
+        assert first.status is DiffStatus.APPROVED
+        assert remote.commits("alice")[0] == first.commit_sha  # pushed by b
+        a.policies.revoke("alice", policy.id, TEACHER)
+        note = AddContext(note="two")
+        second = b.review.propose("alice", "human", note, "r", Proposer.turn("t"))
+        assert second.status is DiffStatus.PENDING
+    finally:
+        remote.close()
