@@ -22,7 +22,7 @@ from durable_memory.bootstrap import MemoryStack, open_stack, stack_from_setting
 from durable_memory.cli import main
 from durable_memory.client import MemoryClient
 from durable_memory.faults import MID_COMMIT
-from durable_memory.memory.core.errors import DurableMemoryError
+from durable_memory.memory.core.errors import DurableMemoryError, HandEditPending
 from durable_memory.memory.core.policies import (
     PolicyError,
     StandingApproval,
@@ -160,6 +160,18 @@ def _commit_policies_by_hand(stack: MemoryStack, text: str) -> None:
     (repo / "policies.toml").write_text(text, encoding="utf-8")
     git_output(repo, "add", "policies.toml")
     git_output(repo, "commit", "-q", "-m", "by hand")
+
+
+def test_a_hand_edit_of_the_record_is_never_read_nor_overwritten(stack: MemoryStack) -> None:
+    (stack.git.repo_path("ann") / "policies.toml").write_text(
+        format_policies([_approval()]), encoding="utf-8"
+    )
+    assert stack.policies.approvals("ann") == []  # HEAD's record (none), not this file
+    assert _propose(stack, "human", AddContext(note="x")).status is DiffStatus.PENDING
+    before = snapshot(stack)
+    with pytest.raises(HandEditPending, match=r"policies\.toml of user 'ann' has changes made"):
+        _notes_policy(stack)
+    assert snapshot(stack) == before
 
 
 def _approval(**changes: object) -> StandingApproval:

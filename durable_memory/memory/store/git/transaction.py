@@ -165,7 +165,9 @@ class RepoTransaction:
         someone ran `git add` by hand. Committing now would carry that unvalidated content
         into memory with ours."""
         expected = {f"{BLOCKS_DIR}/{label}.toml": _blob_sha(text) for label, text in head.items()}
-        expected.update({name: _blob_sha(text) for name, text in records.items() if text})
+        expected.update(
+            {name: _blob_sha(text) for name, text in records.items() if text is not None}
+        )
         staged = {
             str(path): entry.binsha
             for (path, _stage), entry in self.repo.index.entries.items()
