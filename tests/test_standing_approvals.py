@@ -6,7 +6,8 @@ person who set it; anything else waits for a person as before; a block the profi
 approves nothing; a policies record pushed by hand that is not trusted is one error and
 changes nothing. Turns on a real Temporal dev server show an edit approved this way, and
 committed exactly once by a worker restarted after it was killed in the middle of the commit.
-With a git remote, a policy set or revoked on one host counts on another."""
+With a git remote, a policy set or revoked on one host counts on another. Claude's memory tool
+is told when its edit was committed this way."""
 
 import asyncio
 from collections.abc import Callable, Iterator
@@ -33,8 +34,9 @@ from durable_memory.models.diffs import DiffStatus, PendingDiff, Proposer
 from durable_memory.models.operations import AddContext, AppendText, EditOperation, LearnFact
 from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workflows.turn import TurnWorkflow
-from tests.support.agent_helpers import edit_block, git_status
+from tests.support.agent_helpers import edit_block, git_status, run_scripted_turn, tool_results
 from tests.support.git_checks import git_output
+from tests.support.memory import memory_rig
 from tests.support.snapshots import snapshot
 from tests.support.temporal_helpers import (
     current_details,
@@ -43,6 +45,7 @@ from tests.support.temporal_helpers import (
     turn_outcome,
 )
 from tests.support.worker_process import address, crash_settings, worker_process
+from tests.test_memory_tool import NOTES, NOTES_MARKDOWN, claude_profile, memory_call
 from tests.test_remote_store import Remote, host
 
 TEACHER = "ms-rivera"
@@ -342,3 +345,20 @@ def test_on_two_hosts_a_policy_set_or_revoked_on_one_counts_on_the_other(
         assert second.status is DiffStatus.PENDING
     finally:
         remote.close()
+
+
+def test_a_memory_tool_edit_a_standing_approval_covers_is_committed_and_the_model_told(
+    engine: Engine, data_dir: Path
+) -> None:
+    svc = memory_rig(engine, data_dir, claude_profile())
+    svc.blocks.ensure_user("alice")
+    later = datetime.now(UTC) + IN_A_MONTH
+    policy = svc.policies.set("alice", "notes", ["rethink"], TEACHER, later)
+    coffee = NOTES_MARKDOWN.replace("tea", "coffee")
+    create = memory_call(command="create", path=NOTES, file_text=coffee)
+    _, requests = run_scripted_turn(svc, engine, [{"content": [create]}, {"text": "ok"}], "hi")
+    [result] = tool_results(requests[1])
+    assert f"within standing approval {policy.id}" in str(result["content"])
+    assert "in memory now" in str(result["content"])
+    assert "Likes coffee" in svc.blocks.read_block("alice", "notes").value
+    assert svc.history.log("alice", 1)[0].trailers["Approved-By"] == f"standing:{policy.id}"

@@ -72,6 +72,19 @@ _COMMAND: TypeAdapter[BetaMemoryTool20250818Command] = TypeAdapter(
 )
 
 
+def settled_ahead(diff: PendingDiff) -> str | None:
+    """What the model is told of a proposal a standing approval settled as it was made (see
+    service/review.py), None for one that waits for a person."""
+    if diff.status is DiffStatus.APPROVED:
+        return (
+            f"A standing approval ({diff.decision_reason}) covered it: it is in memory now; "
+            "do not propose it again."
+        )
+    if diff.status is DiffStatus.CONFLICTED:
+        return f"A standing approval covered it, but it did not apply ({diff.decision_reason})."
+    return None
+
+
 def parse_command(arguments: object) -> BetaMemoryTool20250818Command:
     """The memory tool's input as the SDK's command model; a ToolError saying what is wrong."""
     try:
@@ -290,6 +303,12 @@ class ProposingMemoryTool(BetaAbstractMemoryTool):
             read_at=block.sha,
         )
         self.proposed = diff
+        settled = settled_ahead(diff)
+        if settled is not None:
+            return (
+                f"Proposed edit {diff.id} to {_file(block.label)}: "
+                f"{json.dumps(diff.summary, ensure_ascii=False)}. {settled}"
+            )
         return (
             f"Proposed edit {diff.id} to {_file(block.label)}: "
             f"{json.dumps(diff.summary, ensure_ascii=False)}. It awaits a person's approval and "

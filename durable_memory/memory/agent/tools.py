@@ -18,7 +18,11 @@ from typing import Any
 from anthropic.lib.tools import ToolError
 from pydantic import ValidationError
 
-from durable_memory.memory.agent.memory_tool import ProposingMemoryTool, parse_command
+from durable_memory.memory.agent.memory_tool import (
+    ProposingMemoryTool,
+    parse_command,
+    settled_ahead,
+)
 from durable_memory.memory.agent.tool_specs import (
     MEMORY_TOOL_NAME,
     TOOL_DOCS,
@@ -42,7 +46,7 @@ from durable_memory.memory.service.blocks import Blocks
 from durable_memory.memory.service.review import Review
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.models.archive import ArchiveSearch, NewPassage, PassageSource
-from durable_memory.models.diffs import DiffStatus, Proposer
+from durable_memory.models.diffs import Proposer
 from durable_memory.models.limits import (
     MAX_ARGUMENT_NAME_CHARS,
     MAX_RESULT_TEXT_CHARS,
@@ -225,15 +229,9 @@ class MemoryTools:
                 raise  # e.g. the git remote is down: the step is retried, not reported failed
             return ToolOutcome(f"{name} failed: {error}", is_error=True)
         # The summary quotes the model's text: as a JSON string it cannot end the sentence.
-        if diff.status is DiffStatus.APPROVED:
-            fate = (
-                f"A standing approval ({diff.decision_reason}) covered it: it is in memory "
-                "now; do not propose it again."
-            )
-        elif diff.status is DiffStatus.CONFLICTED:
-            fate = f"It was pre-approved but did not apply ({diff.decision_reason})."
-        else:
-            fate = "It awaits human approval and is not in memory yet; do not propose it again."
+        fate = settled_ahead(diff) or (
+            "It awaits human approval and is not in memory yet; do not propose it again."
+        )
         return ToolOutcome(
             f"Proposed edit {diff.id} to block '{label}': "
             f"{json.dumps(diff.summary, ensure_ascii=False)}. {fate}",
@@ -248,6 +246,8 @@ class MemoryTools:
         try:
             content = tool.execute(parse_command(arguments))
         except (ToolError, DurableMemoryError) as error:
+            if isinstance(error, DurableMemoryError) and error.retryable:
+                raise  # as for edit_memory_block: the step is retried, not reported failed
             return ToolOutcome(f"Error: {error}", is_error=True)
         diff = tool.proposed
         return ToolOutcome(str(content), diff_id=diff.id if diff is not None else None)
