@@ -1,6 +1,6 @@
 # The two entry points: `make demo` (set up, then run the demo) and `make test` (set up, then
 # lint + types + the whole test suite). Both create .venv with pinned dependencies; `make test`
-# also installs Debian's postgresql and nodejs/npm and the TypeScript example's pinned packages.
+# also installs Debian's postgresql, chromium + chromium-driver and nodejs/npm and the TypeScript example's pinned packages.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -29,6 +29,7 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	scripts/ensure-postgres
 	scripts/ensure-node
+	scripts/ensure-chromium
 	$(BIN)/pytest
 
 test: lint typecheck unit

@@ -485,6 +485,18 @@ def cmd_git_serve(args: argparse.Namespace) -> None:
     serve(settings, args.host, args.port)
 
 
+def cmd_serve(args: argparse.Namespace) -> None:
+    from durable_memory.review.server import serve
+
+    asyncio.run(serve(_settings(args), args.host, args.port))
+
+
+def cmd_review_link(args: argparse.Namespace) -> None:
+    from durable_memory.review.server import review_link
+
+    print(review_link(_settings(args).review, validate_user_id(args.user), args.ttl))
+
+
 def _common_options(*, before_command: bool) -> argparse.ArgumentParser:
     """The options every command takes, accepted before the command and after it (where each
     command's --help shows them). After it they default to SUPPRESS, so an option given
@@ -593,6 +605,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--pre-receive-hook", action="store_true", help="refuse pushes that break block files"
     )
+    p = add("serve", cmd_serve, "serve the review page (docs/review.md)")
+    p.add_argument("--host", help="default: review.host")
+    p.add_argument("--port", type=int, help="default: review.port")
+    p = add("review-link", cmd_review_link, "print a signed, expiring review link for USER")
+    p.add_argument("user")
+    p.add_argument("--ttl", type=float, metavar="S", help="seconds (default: review.link_ttl_s)")
     p = add("init", cmd_init, "create a user's memory repository")
     p.add_argument("user")
     p.add_argument("profile_name", nargs="?", metavar="PROFILE", help="default: --profile")

@@ -170,6 +170,67 @@ class RotationScheduleSettings(BaseModel):
     interval_s: float = Field(default=3600, ge=10)
 
 
+REVIEW_SECRET_ENV = "DMEM_REVIEW_SECRET"
+MIN_REVIEW_SECRET_CHARS = 32
+
+
+class ReviewSettings(BaseModel):
+    """`dmem serve`, the review page (docs/review.md), and the links `dmem review-link` signs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    secret_file: Path | None = None
+    """A file whose first line is the secret that signs links, sessions and CSRF tokens
+    (default: $DMEM_REVIEW_SECRET); at least 32 characters. No secret, no page."""
+    base_url: str = "http://127.0.0.1:8300"
+    """Where people reach the page (behind a proxy: its public URL and mount path); links
+    are printed with it, and an https one marks the session cookie Secure."""
+    host: str = "127.0.0.1"
+    port: int = Field(default=8300, gt=0, lt=65536)
+    link_ttl_s: float = Field(default=900, gt=0, le=7 * 24 * 3600)
+    """How long a link may wait before it is opened (`dmem review-link --ttl` overrides)."""
+    session_ttl_s: float = Field(default=8 * 3600, gt=0, le=30 * 24 * 3600)
+    """How long the session an opened link starts lasts."""
+
+    @model_validator(mode="after")
+    def _base_url_is_http(self) -> "ReviewSettings":
+        parts = urlsplit(self.base_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query:
+            raise ConfigError(
+                f"review.base_url: {self.base_url[:80]!r} is not an http(s) URL "
+                "(e.g. http://127.0.0.1:8300 or https://example.org/review)"
+            )
+        return self
+
+    def secret(self) -> bytes:
+        """The signing secret: secret_file's first line, else $DMEM_REVIEW_SECRET; a missing
+        or short one is a ConfigError (the page refuses to start rather than sign with it)."""
+        if self.secret_file is not None:
+            try:
+                lines = self.secret_file.read_text(encoding="utf-8").splitlines()
+            except OSError as error:
+                raise ConfigError(
+                    f"review.secret_file: cannot read {self.secret_file}: {error.strerror}"
+                ) from None
+            value, where = (
+                (lines[0].strip() if lines else ""),
+                f"review.secret_file {self.secret_file}",
+            )
+        else:
+            value, where = os.environ.get(REVIEW_SECRET_ENV, "").strip(), REVIEW_SECRET_ENV
+        if not value:
+            raise ConfigError(
+                f"review: no secret to sign review links with: set {REVIEW_SECRET_ENV} or "
+                "review.secret_file (e.g. the output of `openssl rand -hex 32`)"
+            )
+        if len(value) < MIN_REVIEW_SECRET_CHARS:
+            raise ConfigError(
+                f"review: the secret from {where} is {len(value)} characters; use at least "
+                f"{MIN_REVIEW_SECRET_CHARS} (e.g. `openssl rand -hex 32`)"
+            )
+        return value.encode("utf-8")
+
+
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -181,6 +242,7 @@ class Settings(BaseModel):
     rotation: RotationScheduleSettings = RotationScheduleSettings()
     cost_factors: CostFactors = CostFactors()
     """Prompt-cache prices relative to an uncached input token (Anthropic's by default)."""
+    review: ReviewSettings = ReviewSettings()
 
     def turn_settings(self) -> WorkerTurnSettings:
         """What a turn on this deployment runs with; its worker hands it to each turn."""
@@ -199,6 +261,7 @@ _SETTINGS_ENV = {
     "DMEM_TEMPORAL_API_KEY": ("temporal", "api_key"),
     "DMEM_TASK_QUEUE": ("temporal", "task_queue"),
     "DMEM_APPROVAL_TTL_S": ("turn", "approval_ttl_s"),
+    "DMEM_REVIEW_BASE_URL": ("review", "base_url"),
     **{env: ("memory", key) for env, key in _ENV.items()},
 }
 

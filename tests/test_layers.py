@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("workflows",),  # deterministic orchestration, calling activities
     ("decision_delivery",),  # the client's decision Update to a turn, and its refusals read
     ("workers", "client"),  # run workflows and activities | start and talk to workflows
+    ("review",),  # `dmem serve`: the review page, a thin client over MemoryClient
     ("workers.main",),  # the bodies of `dmem worker` and `dmem dev`: a worker plus the client
     ("demo",),  # `dmem demo`: a dev server, a worker, the client and a scripted model
     ("cli",),  # the commands
@@ -74,6 +75,8 @@ ONLY_THROUGH: dict[tuple[str, str], tuple[str, ...]] = {
     # (importer's part, package): the only modules of that package the importer may use.
     # The CLI starts a worker only by running `dmem worker` / `dmem dev`; the client, never.
     ("cli", "workers"): ("workers.main",),
+    # The review page is a thin client: it runs beside workers, never with their code.
+    ("review", "workers"): (),
 }
 
 STACK_ASSEMBLERS = ("bootstrap", "workers")
