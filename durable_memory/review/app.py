@@ -13,6 +13,7 @@ script, never an inline one.
 """
 
 import asyncio
+import difflib
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -43,6 +44,7 @@ from durable_memory.memory.core.errors import (
 )
 from durable_memory.memory.core.formats import to_markdown
 from durable_memory.memory.core.operations import apply_operation
+from durable_memory.models.blocks import BlockSpec
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.review.signing import ReviewCredentialRefused, Session, Signer
 
@@ -302,9 +304,7 @@ class ReviewApp:
         compare: dict[str, str] | None = None
         a, b = request.query_params.get("a"), request.query_params.get("b")
         if a and b:
-            text = await self.stack_call(
-                self.client.stack.history.diff, user, label, _sha(a), _sha(b)
-            )
+            text = await self.stack_call(self.compare, user, block.spec, _sha(a), _sha(b))
             compare = {"a": a, "b": b, "text": text or "(no difference)"}
         return self.render(
             request,
@@ -315,6 +315,17 @@ class ReviewApp:
             compare=compare,
             csrf=self.signer.csrf_token(session),
         )
+
+    def compare(self, user_id: str, spec: BlockSpec, a: str, b: str) -> str:
+        """Two versions of a block as a unified diff of their Markdown form, as the preview
+        of a pending diff shows it."""
+        history = self.client.stack.history
+        before, after = (
+            to_markdown(spec, history.read_at(user_id, spec.label, sha)).splitlines(keepends=True)
+            for sha in (a, b)
+        )
+        name = f"{spec.label}.md"
+        return "".join(difflib.unified_diff(before, after, f"{name}@{a[:12]}", f"{name}@{b[:12]}"))
 
     async def restore(self, request: Request, session: Session) -> Response:
         form = await self.form_of(request, session)
