@@ -30,41 +30,15 @@ from durable_memory.models.operations import LearnPreference
 from durable_memory.review.app import build_app
 from durable_memory.review.server import review_link
 from durable_memory.review.signing import Signer
-from tests.support.review import with_review
+from tests.support.review import HOSTILE, TWO_DIFFS, with_review
 from tests.support.temporal_helpers import rig_settings, running_rig
 
 T = TypeVar("T")
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
-HOSTILE = '<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">'
 WAIT_S = 15
 """How long the browser waits for a page to show something (a bound, never asserted)."""
-
-
-def _edit(label: str, field: str, operation: str, value: str, reasoning: str) -> dict[str, Any]:
-    return {
-        "type": "tool_use",
-        "name": "edit_memory_block",
-        "input": {
-            "label": label,
-            "field": field,
-            "operation": operation,
-            "value": value,
-            "reasoning": reasoning,
-        },
-    }
-
-
-SCRIPT: list[dict[str, Any]] = [
-    {
-        "content": [
-            _edit("student", "strengths", "add", "Grit", f"She kept going. {HOSTILE}"),
-            _edit("journey", "stage", "set", "drafting", "She has an outline."),
-        ]
-    },
-    {"text": "Noted both."},
-]
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +131,7 @@ async def test_review_a_turn_in_the_browser(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = with_review(rig_settings(tmp_path / "data"), tmp_path, "http://127.0.0.1:1")
-    async with running_rig(temporal_env.client, settings, SCRIPT) as rig:
+    async with running_rig(temporal_env.client, settings, TWO_DIFFS) as rig:
         stack = rig.stack
         reply = await rig.client.send_message("alice", "I kept going", turn_id="b1")
         grit, stage = (d.id for d in reply.diffs)
