@@ -12,6 +12,8 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.routing import Mount
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.bootstrap import MemoryStack, stack_from_settings
@@ -277,3 +279,31 @@ async def test_hostile_text_is_inert_and_no_page_has_an_inline_script(page: Page
     static = await page.http.get("/static/review.js")
     assert static.status_code == 200
     assert "script-src 'self'" in static.headers["content-security-policy"]
+
+
+async def test_mounted_under_a_path_its_links_forms_and_cookie_follow_it(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    settings = with_review(rig_settings(tmp_path / "data"), tmp_path, f"{BASE}/review")
+    stack = stack_from_settings(settings)
+    stack.blocks.ensure_user("alice")
+    diff = _propose(stack, "alice", "Socratic questions", "she asked for them")
+    client = MemoryClient(temporal_env.client, settings, stack)
+    backend = Starlette(routes=[Mount("/review", build_app(client, settings.review))])
+    transport = httpx.ASGITransport(app=backend)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url=BASE) as http:
+            link = review_link(settings.review, "alice")
+            assert link.startswith(f"{BASE}/review/open?")
+            opened = await http.get(link)
+            assert opened.headers["location"] == "/review/"
+            assert "Path=/review/" in opened.headers["set-cookie"]
+            overview = await http.get("/review/")
+            assert f'href="/review/diffs/{diff.id}"' in overview.text
+            assert 'src="/review/static/review.js"' in overview.text
+            assert (await http.get("/review/static/review.js")).status_code == 200
+            page = await http.get(f"/review/diffs/{diff.id}")
+            assert f'action="/review/diffs/{diff.id}/decide"' in page.text
+            assert (await http.get("/")).status_code == 404  # the backend's, not ours
+    finally:
+        stack.close()
