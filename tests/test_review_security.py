@@ -20,9 +20,11 @@ from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.cli import main
 from durable_memory.client import MemoryClient
 from durable_memory.config import ConfigError, ReviewSettings
+from durable_memory.models.archive import NewPassage, PassageSource
 from durable_memory.models.diffs import PendingDiff, Proposer
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.operations import LearnPreference
+from durable_memory.models.recall import MessageRole, NewMessage
 from durable_memory.review.app import SESSION_COOKIE, build_app
 from durable_memory.review.server import review_link
 from durable_memory.review.signing import Signer
@@ -307,3 +309,32 @@ async def test_mounted_under_a_path_its_links_forms_and_cookie_follow_it(
             assert (await http.get("/")).status_code == 404  # the backend's, not ours
     finally:
         stack.close()
+
+
+async def test_search_and_the_context_bar_show_only_the_sessions_user(page: Page) -> None:
+    for user in ("alice", "bob"):
+        secret = f"{user}'s robot workshop {HOSTILE}"
+        page.stack.archive.insert(
+            NewPassage(user_id=user, text=secret, source=PassageSource.AGENT, tags=("robots",))
+        )
+        message = NewMessage(role=MessageRole.USER, content=f"{user} talks about robots")
+        page.stack.recall.append(user, f"t-{user}", [message])
+    await page.login("alice")
+    before = snapshot(page.stack)
+
+    overview = await page.http.get("/")
+    assert 'class="context-bar"' in overview.text
+    assert "core memory: " in overview.text
+    assert "1 in recall, 1 archival passages" in overview.text
+    assert " style=" not in overview.text  # the CSP allows no inline style: SVG attributes
+
+    archive = await page.http.get("/search", params={"q": "robot workshop", "in": "archive"})
+    assert archive.status_code == 200
+    assert "alice&#39;s robot workshop &lt;script&gt;" in archive.text
+    assert "bob" not in archive.text
+    recall = await page.http.get("/search", params={"q": "robots", "in": "recall"})
+    assert "alice talks about robots" in recall.text
+    assert "bob" not in recall.text
+    elsewhere = await page.http.get("/search", params={"q": "x", "in": "../bob"})
+    assert elsewhere.status_code == 400
+    assert snapshot(page.stack) == before

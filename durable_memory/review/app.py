@@ -10,106 +10,51 @@ the distributed mode too: a decision is the turn's own Update (`MemoryClient.app
 The pages are server-rendered Jinja2 templates with autoescaping on (block values, reasoning
 and messages are hostile input), and the Content-Security-Policy allows only our own static
 script, never an inline one.
+
+One module though over 300 lines: it is the page's table of routes and their handlers, each a
+few lines over the client; the HTTP plumbing they share is in web.py, the credentials in
+signing.py.
 """
 
 import asyncio
 import difflib
 import re
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl
 
-from jinja2 import Environment, PackageLoader
 from starlette.applications import Starlette
-from starlette.datastructures import MutableHeaders
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from durable_memory.client import MemoryClient
 from durable_memory.config import ReviewSettings
 from durable_memory.decision_delivery import DecisionLost
-from durable_memory.memory.core.errors import (
-    DecisionRefused,
-    DiffAlreadyDecided,
-    DurableMemoryError,
-    InvalidIdentifier,
-    UnknownBlock,
-    UnknownCommit,
-    UnknownDiff,
-)
+from durable_memory.memory.core.errors import DurableMemoryError, UnknownCommit
 from durable_memory.memory.core.formats import to_markdown
 from durable_memory.memory.core.operations import apply_operation
 from durable_memory.models.blocks import BlockSpec
+from durable_memory.models.context import ContextWindowOverview
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.review.signing import ReviewCredentialRefused, Session, Signer
-
-SESSION_COOKIE = "dmem_review"
-MAX_FORM_BYTES = 256 * 1024
-"""A form larger than this is refused unread (a block is at most a few thousand chars)."""
-_SHA = re.compile(r"[0-9a-f]{7,40}")
-
-SECURITY_HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-    ),
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",  # a link's signature never leaves in a Referer
-    "X-Frame-Options": "DENY",
-    "Cache-Control": "no-store",
-}
-
-_templates = Environment(
-    loader=PackageLoader("durable_memory.review", "templates"), autoescape=True
+from durable_memory.review.web import (
+    RequestRefused,
+    SecurityHeaders,
+    base_path,
+    read_form,
+    render,
+    status_of,
 )
 
+SESSION_COOKIE = "dmem_review"
+_SHA = re.compile(r"[0-9a-f]{7,40}")
+SEARCH_RESULTS = 20
+
 Handler = Callable[[Request], Awaitable[Response]]
-
-
-class SecurityHeaders:
-    """Adds SECURITY_HEADERS to every response, static files and Starlette's own 404s too."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = MutableHeaders(scope=message)
-                for name, value in SECURITY_HEADERS.items():
-                    headers[name] = value
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
-
-
-class _Refused(DurableMemoryError):
-    """A request the page refuses as a whole (a wrong method or form), with its status."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def _status_of(error: DurableMemoryError) -> int:
-    if isinstance(error, ReviewCredentialRefused):
-        return 403
-    if isinstance(error, UnknownDiff | UnknownBlock | UnknownCommit | InvalidIdentifier):
-        return 404
-    if isinstance(error, DiffAlreadyDecided | DecisionRefused):
-        return 409
-    if isinstance(error, _Refused):
-        return error.status
-    return 400
 
 
 class ReviewApp:
@@ -123,38 +68,18 @@ class ReviewApp:
 
     # -- plumbing --------------------------------------------------------------------------
 
-    def render(
-        self, request: Request, template: str, status: int = 200, **values: Any
-    ) -> HTMLResponse:
-        html = _templates.get_template(template).render(
-            base=request.scope.get("root_path", ""), **values
-        )
-        return HTMLResponse(html, status_code=status)
-
-    def refusal(self, request: Request, error: DurableMemoryError) -> HTMLResponse:
-        status = _status_of(error)
-        return self.render(request, "refused.html", status, code=status, message=str(error))
+    def refusal(self, request: Request, error: DurableMemoryError) -> Response:
+        status = status_of(error)
+        return render(request, "refused.html", status, code=status, message=str(error))
 
     def session_of(self, request: Request) -> Session:
         return self.signer.session(request.cookies.get(SESSION_COOKIE))
 
     async def form_of(self, request: Request, session: Session) -> dict[str, str]:
         """The POSTed form, once its CSRF token is this session's."""
-        if request.headers.get("content-type", "").split(";")[0].strip() != (
-            "application/x-www-form-urlencoded"
-        ):
-            raise _Refused("a review form is sent as application/x-www-form-urlencoded", 415)
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_FORM_BYTES:
-                raise _Refused(f"the form is larger than {MAX_FORM_BYTES} bytes", 413)
-        try:
-            fields = dict(parse_qsl(body.decode("utf-8"), keep_blank_values=True))
-        except (UnicodeError, ValueError):
-            raise _Refused("the form is not valid URL-encoded UTF-8", 400) from None
-        self.signer.check_csrf(session, fields.get("csrf"))
-        return fields
+        form = await read_form(request)
+        self.signer.check_csrf(session, form.get("csrf"))
+        return form
 
     def page(self, handler: Callable[[Request, Session], Awaitable[Response]]) -> Handler:
         """A handler that runs for a valid session only, and turns our errors into a page."""
@@ -183,7 +108,7 @@ class ReviewApp:
         except DurableMemoryError as error:
             return self.refusal(request, error)
         _, cookie = self.signer.new_session(user_id, self.settings.session_ttl_s)
-        base = request.scope.get("root_path", "")
+        base = base_path(request)
         # Redirected, so the signed link leaves the address bar and the history at once.
         response = RedirectResponse(f"{base}/", status_code=303)
         response.set_cookie(
@@ -203,9 +128,12 @@ class ReviewApp:
         user = session.user_id
         blocks = await self.stack_call(self.client.stack.blocks.read_blocks, user)
         pending = await self.client.pending_diffs(user)
-        return self.render(
+        context = await self.client.context_overview(user)
+        return render(
             request,
             "overview.html",
+            context=context,
+            sections=_context_sections(context),
             poll=True,
             user=user,
             blocks=[_block_view(b) for b in blocks.values()],
@@ -242,7 +170,7 @@ class ReviewApp:
         except DurableMemoryError:
             proposed = None  # no longer applies: the preview says why
         preview = await self.client.preview(diff.id, session.user_id)
-        return self.render(
+        return render(
             request,
             "diff.html",
             status,
@@ -284,17 +212,17 @@ class ReviewApp:
                     diff.id, approver, form.get("reason", ""), user_id=session.user_id
                 )
             else:
-                raise _Refused("the form names no decision (approve, edit or reject)", 400)
+                raise RequestRefused("the form names no decision (approve, edit or reject)", 400)
         except DecisionLost as error:
             return await self.diff_page(request, session, status=409, message=str(error))
         except DurableMemoryError as error:
-            if isinstance(error, _Refused):
+            if isinstance(error, RequestRefused):
                 raise
             edited = form.get("markdown") if action == "edit" else None
             return await self.diff_page(
-                request, session, status=_status_of(error), message=str(error), edited=edited
+                request, session, status=status_of(error), message=str(error), edited=edited
             )
-        base = request.scope.get("root_path", "")
+        base = base_path(request)
         return RedirectResponse(f"{base}/diffs/{diff.id}", 303)
 
     async def block_page(self, request: Request, session: Session) -> Response:
@@ -306,7 +234,7 @@ class ReviewApp:
         if a and b:
             text = await self.stack_call(self.compare, user, block.spec, _sha(a), _sha(b))
             compare = {"a": a, "b": b, "text": text or "(no difference)"}
-        return self.render(
+        return render(
             request,
             "block.html",
             user=user,
@@ -314,6 +242,31 @@ class ReviewApp:
             versions=versions,
             compare=compare,
             csrf=self.signer.csrf_token(session),
+        )
+
+    async def search(self, request: Request, session: Session) -> Response:
+        """Archival memory (hybrid search) or recall (every message), for the session's user."""
+        user = session.user_id
+        query = request.query_params.get("q", "")
+        where = request.query_params.get("in", "archive")
+        if where not in ("archive", "recall"):
+            raise RequestRefused("search in 'archive' or 'recall'", 400)
+        hits, messages = [], []
+        if where == "archive":
+            hits = await self.client.search_archive(user, query, top_k=SEARCH_RESULTS)
+        else:
+            found = await self.stack_call(
+                partial(self.client.stack.recall.search, user, query, limit=SEARCH_RESULTS)
+            )
+            messages = found.messages
+        return render(
+            request,
+            "search.html",
+            user=user,
+            query=query,
+            where=where,
+            hits=hits,
+            messages=messages,
         )
 
     def compare(self, user_id: str, spec: BlockSpec, a: str, b: str) -> str:
@@ -335,7 +288,7 @@ class ReviewApp:
         if not any(full.startswith(sha) for full in known):
             raise UnknownCommit(f"no version {sha[:12]} of block '{label}' for user '{user}'")
         await self.client.restore(user, label, sha, user)
-        base = request.scope.get("root_path", "")
+        base = base_path(request)
         return RedirectResponse(f"{base}/blocks/{label}", 303)
 
 
@@ -358,13 +311,35 @@ def _block_view(block: Any) -> Mapping[str, Any]:
     }
 
 
+def _context_sections(overview: ContextWindowOverview) -> list[Mapping[str, Any]]:
+    """The context window's sections as the overview bar draws them: tokens, and where each
+    starts and how wide it is in a bar 1000 units long (drawn as SVG attributes, as the CSP
+    allows no inline style)."""
+    sections = [
+        ("system", "system instructions", overview.system_tokens),
+        ("memory", "core memory", overview.core_memory_tokens),
+        ("metadata", "memory metadata", overview.metadata_tokens),
+        ("summary", "summary", overview.summary_tokens),
+        ("messages", "messages", overview.messages_tokens),
+        ("tools", "tools", overview.tools_tokens),
+    ]
+    scale = 1000 / max(overview.context_window, overview.total_tokens, 1)
+    drawn: list[Mapping[str, Any]] = []
+    start = 0.0
+    for key, name, tokens in sections:
+        width = tokens * scale
+        drawn.append({"key": key, "name": name, "tokens": tokens, "x": start, "width": width})
+        start += width
+    return drawn
+
+
 def build_app(client: MemoryClient, settings: ReviewSettings) -> Starlette:
     """The review page over `client`; refuses to build without a signing secret
     (ConfigError). Mount it under a path of your own with Starlette's `Mount`."""
     review = ReviewApp(client, settings)
 
     async def not_allowed(request: Request) -> Response:
-        return review.refusal(request, _Refused("only POST changes anything here", 405))
+        return review.refusal(request, RequestRefused("only POST changes anything here", 405))
 
     static = Path(__file__).parent / "static"
     routes = [
@@ -375,6 +350,7 @@ def build_app(client: MemoryClient, settings: ReviewSettings) -> Starlette:
         Route("/diffs/{diff_id}/decide", review.page(review.decide), methods=["POST"]),
         Route("/diffs/{diff_id}/decide", not_allowed, methods=["GET"]),
         Route("/blocks/{label}", review.page(review.block_page), methods=["GET"]),
+        Route("/search", review.page(review.search), methods=["GET"]),
         Route("/blocks/{label}/restore", review.page(review.restore), methods=["POST"]),
         Route("/blocks/{label}/restore", not_allowed, methods=["GET"]),
         Mount("/static", StaticFiles(directory=static), name="static"),
