@@ -152,8 +152,14 @@ async def test_review_a_turn_in_the_browser(
             assert "not valid" in await page.open(tampered)
             assert "no review session" in await page.open(f"{base}/")
 
-            # Alice's link: her blocks, the hostile fact as text, both pending diffs.
-            text = await page.open(review_link(review, "alice"))
+            # Alice's link, followed from another site (a mail, a chat): the session starts
+            # there, SameSite=Strict though it is. Her blocks, the hostile fact as text, both
+            # pending diffs.
+            link = review_link(review, "alice").replace("&", "&amp;")
+            await page.open(f"data:text/html,<a id=go href='{link}'>your review</a>")
+            await page.click("#go")
+            await page.wait_until(lambda d: "Memory of alice" in d.page_source)
+            text = await page.text("body")
             assert "Memory of alice" in text
             assert HOSTILE in text  # shown as text, never run
             assert await page.run(lambda d: d.execute_script("return window.pwned")) is None

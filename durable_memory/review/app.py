@@ -109,8 +109,11 @@ class ReviewApp:
             return self.refusal(request, error)
         _, cookie = self.signer.new_session(user_id, self.settings.session_ttl_s)
         base = base_path(request)
-        # Redirected, so the signed link leaves the address bar and the history at once.
-        response = RedirectResponse(f"{base}/", status_code=303)
+        # Not a redirect: a link followed from another site (a mail, a chat) starts a
+        # cross-site navigation, and a browser sends no SameSite=Strict cookie on its
+        # redirects. This page moves on by itself (a meta refresh, no script), from our own
+        # origin, so the next request carries the cookie; the used link is dead anyway.
+        response = render(request, "opened.html", user=user_id)
         response.set_cookie(
             SESSION_COOKIE,
             cookie,
