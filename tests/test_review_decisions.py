@@ -13,11 +13,12 @@ from temporalio.testing import WorkflowEnvironment
 from durable_memory.bootstrap import stack_from_settings
 from durable_memory.client import MemoryClient
 from durable_memory.models.diffs import DiffStatus
+from durable_memory.models.history import Author, AuthorKind
 from durable_memory.review.app import build_app
 from durable_memory.review.server import review_link
 from tests.support.distributed import distributed_settings, git_server
 from tests.support.postgres import fresh_schema_url
-from tests.support.review import TWO_DIFFS, csrf_of, open_session, with_review
+from tests.support.review import TWO_DIFFS, csrf_of, edit_call, open_session, with_review
 from tests.support.snapshots import snapshot
 from tests.support.temporal_helpers import rig_settings, running_rig
 
@@ -28,7 +29,9 @@ async def test_decisions_go_through_the_turn_and_a_lost_race_says_who_won(
     temporal_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
     settings = with_review(rig_settings(tmp_path / "data"), tmp_path, BASE)
-    async with running_rig(temporal_env.client, settings, TWO_DIFFS) as rig:
+    nickname = [{"content": [edit_call("student", "name", "set", "Ally", "her nickname")]}]
+    script = [*TWO_DIFFS, *nickname, {"text": "Noted."}]
+    async with running_rig(temporal_env.client, settings, script) as rig:
         reply = await rig.client.send_message("alice", "I kept going", turn_id="d1")
         grit, stage = (d.id for d in reply.diffs)
         app = build_app(rig.client, settings.review)
@@ -76,6 +79,21 @@ async def test_decisions_go_through_the_turn_and_a_lost_race_says_who_won(
             assert "too early" in lost.text
             assert "Status: <strong>rejected</strong> by" in lost.text
             assert snapshot(rig.stack) == before
+
+            # The block changed under a proposal: the approval conflicts, memory is untouched,
+            # and the page shows the block's current text beside the proposal.
+            reply = await rig.client.send_message("alice", "Call me Ally", turn_id="d2")
+            name = reply.diffs[0].id
+            alice = Author(name="alice", kind=AuthorKind.USER)
+            rig.stack.edits.edit_block("alice", "student", {"name": "Alicia"}, alice)
+            head = rig.stack.blocks.last_change("alice")
+            conflicted = await decide(name, action="approve")
+            assert conflicted.status_code == 409
+            assert "Status: <strong>conflicted</strong>" in conflicted.text
+            assert "field &#39;name&#39; of block &#39;student&#39; changed" in conflicted.text
+            assert '"value": "Ally"' in conflicted.text.replace("&#34;", '"')
+            assert "Alicia" in conflicted.text.split('id="current"')[1]
+            assert rig.stack.blocks.last_change("alice") == head
 
 
 @pytest.mark.postgres

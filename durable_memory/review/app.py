@@ -183,6 +183,7 @@ class ReviewApp:
             pending=diff.status is DiffStatus.PENDING,
             preview=preview,
             current=to_markdown(block.spec, block.fields),
+            proposal=diff.effective_operation.model_dump_json(indent=2),
             edited=proposed if edited is None else edited,
             limit=block.spec.limit,
             message=message,

@@ -23,7 +23,8 @@ def with_review(settings: Settings, secret_dir: Path, base_url: str) -> Settings
     return settings.model_copy(update={"review": review})
 
 
-def _edit(label: str, field: str, operation: str, value: str, reasoning: str) -> dict[str, Any]:
+def edit_call(label: str, field: str, operation: str, value: str, reasoning: str) -> dict[str, Any]:
+    """The model's call of the edit_memory_block tool, as a scripted reply holds it."""
     arguments = {"label": label, "field": field, "operation": operation, "value": value}
     return {
         "type": "tool_use",
@@ -35,8 +36,8 @@ def _edit(label: str, field: str, operation: str, value: str, reasoning: str) ->
 TWO_DIFFS: list[dict[str, Any]] = [
     {
         "content": [
-            _edit("student", "strengths", "add", "Grit", f"She kept going. {HOSTILE}"),
-            _edit("journey", "stage", "set", "drafting", "She has an outline."),
+            edit_call("student", "strengths", "add", "Grit", f"She kept going. {HOSTILE}"),
+            edit_call("journey", "stage", "set", "drafting", "She has an outline."),
         ]
     },
     {"text": "Noted both."},
