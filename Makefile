@@ -1,6 +1,7 @@
 # The two entry points: `make demo` (set up, then run the demo) and `make test` (set up, then
 # lint + types + the whole test suite). Both create .venv with pinned dependencies; `make test`
-# also installs Debian's postgresql, chromium + chromium-driver and nodejs/npm and the TypeScript example's pinned packages.
+# also installs Debian's postgresql, chromium and chromium-driver, and nodejs/npm and the
+# TypeScript example's pinned packages.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -54,8 +55,11 @@ clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
 
 # The pictures of docs/architecture.md and docs/deploy.md from their sources beside them
-# (dot: Debian's graphviz).
+# (dot: Debian's graphviz), and the review page's screenshots, taken by its browser test
+# (docs/review.md).
 docs-images: $(STAMP)
 	dot -Tpng -Gdpi=110 docs/layers.dot -o docs/layers.png
 	dot -Tpng -Gdpi=110 docs/deploy.dot -o docs/images/deploy-hosts.png
 	$(BIN)/python docs/turn_sequence.py
+	scripts/ensure-chromium
+	DMEM_REVIEW_SCREENSHOTS=docs/images $(BIN)/pytest -q tests/test_review_browser.py

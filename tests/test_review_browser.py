@@ -49,7 +49,13 @@ def browser() -> Iterator[WebDriver]:
         pytest.skip("chromium or chromedriver missing (run scripts/ensure-chromium)")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1100,900",
+    ):
         options.add_argument(argument)
     driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
     yield driver
@@ -89,6 +95,14 @@ class Browser:
             return d.find_element(By.TAG_NAME, "body").text
 
         return await self.run(step)
+
+    async def screenshot(self, name: str) -> None:
+        """With DMEM_REVIEW_SCREENSHOTS=DIR (`make docs-images`), save the page as DIR/NAME.png:
+        the pictures of docs/review.md are taken from this test."""
+        folder = os.environ.get("DMEM_REVIEW_SCREENSHOTS")
+        if folder:
+            path = Path(folder) / f"{name}.png"
+            await self.run(lambda d: d.get_screenshot_as_file(str(path)))
 
     async def wait_until(self, check: Callable[[WebDriver], bool]) -> None:
         await self.run(lambda d: WebDriverWait(d, WAIT_S, poll_frequency=0.1).until(check))
@@ -164,6 +178,7 @@ async def test_review_a_turn_in_the_browser(
             assert HOSTILE in text  # shown as text, never run
             assert await page.run(lambda d: d.execute_script("return window.pwned")) is None
             assert "Pending changes (2)" in text
+            await page.screenshot("review-overview")
             usage = await page.text("#block-student .usage")
             assert usage.endswith("characters (0%)") or "/ 1500 characters" in usage
 
@@ -181,6 +196,7 @@ async def test_review_a_turn_in_the_browser(
                 area.clear()
                 area.send_keys(edited)
 
+            await page.screenshot("review-diff")
             await page.run(edit)
             assert await page.text("#char-count") != count_before  # counted live
             text = await page.click("#edit-approve")
@@ -200,6 +216,7 @@ async def test_review_a_turn_in_the_browser(
             assert "Proposed-By: turn:b1" in top
             await page.click("#compare")
             assert "+- Grit and patience" in await page.text("#comparison")
+            await page.screenshot("review-history")
 
             # Restore the version before it: an attributed commit; memory as it was.
             text = await page.click("#history tbody tr:nth-child(2) .restore")
