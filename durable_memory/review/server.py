@@ -1,6 +1,7 @@
 """Running the review page: `dmem serve` (uvicorn over `build_app`) and `dmem review-link`."""
 
 import uvicorn
+from starlette.applications import Starlette
 
 from durable_memory.client import MemoryClient
 from durable_memory.config import ReviewSettings, Settings
@@ -15,16 +16,18 @@ def review_link(review: ReviewSettings, user_id: str, ttl_s: float | None = None
     return f"{review.base_url.rstrip('/')}/open?{link.query()}"
 
 
+def review_server(app: Starlette, host: str, port: int) -> uvicorn.Server:
+    """uvicorn for the page; `await server.serve()` runs it until Ctrl-C (or should_exit)."""
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", proxy_headers=False, lifespan="off"
+    )
+    return uvicorn.Server(config)
+
+
 async def serve(settings: Settings, host: str | None = None, port: int | None = None) -> None:
     """Serve the page until interrupted. The secret is checked before anything is started."""
     review = settings.review
     review.secret()
     async with await MemoryClient.connect(settings) as client:
-        config = uvicorn.Config(
-            build_app(client, review),
-            host=host or review.host,
-            port=port or review.port,
-            log_level="info",
-            proxy_headers=False,
-        )
-        await uvicorn.Server(config).serve()
+        server = review_server(build_app(client, review), host or review.host, port or review.port)
+        await server.serve()
