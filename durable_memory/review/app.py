@@ -93,7 +93,14 @@ class ReviewApp:
         return run
 
     async def stack_call(self, work: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.to_thread(work, *args)
+        """`work` on the memory stack off the event loop, its reads in one state of memory
+        (each user's git remote asked once), as MemoryClient's own reads are."""
+
+        def pinned() -> Any:
+            with self.client.stack.git.pinned():
+                return work(*args)
+
+        return await asyncio.to_thread(pinned)
 
     # -- opening a link --------------------------------------------------------------------
 
