@@ -4,6 +4,11 @@ that lost a race shows who decided what; a refused one changes nothing. And the 
 client: in the distributed mode it runs on a host of its own, with nothing but clones on disk.
 (In process, over httpx; the browser's view of the same flow is test_review_browser.py.)"""
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -12,15 +17,24 @@ from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.bootstrap import stack_from_settings
 from durable_memory.client import MemoryClient
+from durable_memory.demo import free_port
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.review.app import build_app
 from durable_memory.review.server import review_link
 from tests.support.distributed import distributed_settings, git_server
 from tests.support.postgres import fresh_schema_url
-from tests.support.review import TWO_DIFFS, csrf_of, edit_call, open_session, with_review
+from tests.support.review import (
+    REVIEW_SECRET,
+    TWO_DIFFS,
+    csrf_of,
+    edit_call,
+    open_session,
+    with_review,
+)
 from tests.support.snapshots import snapshot
 from tests.support.temporal_helpers import rig_settings, running_rig
+from tests.support.worker_process import address
 
 BASE = "http://review.test"
 
@@ -134,3 +148,54 @@ async def test_the_page_is_a_thin_client_in_the_distributed_mode(
             assert "Grit" in rig.stack.blocks.read_block("alice", "student").value
             on_disk = {p.name for p in (tmp_path / "page").iterdir()}
             assert on_disk <= {"clones"}, on_disk
+
+
+def test_dmem_serve_serves_the_page_under_its_base_urls_path(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """`dmem serve` as a process, configured by its environment alone; behind a proxy that
+    strips /review (as base_url says), its links, forms and cookie carry /review."""
+    port = free_port()
+    settings = rig_settings(tmp_path / "data")
+    stack = stack_from_settings(settings)
+    stack.blocks.ensure_user("alice")
+    stack.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMEM_", "ANTHROPIC_"))}
+    env.update(
+        {
+            "DMEM_TEMPORAL_ADDRESS": address(temporal_env),
+            "DMEM_DATA_DIR": str(settings.memory.data_dir),
+            "DMEM_PROFILE": settings.memory.profile,
+            "DMEM_REVIEW_SECRET": REVIEW_SECRET,
+            "DMEM_REVIEW_BASE_URL": f"http://127.0.0.1:{port}/review",
+        }
+    )
+    dmem = [sys.executable, "-m", "durable_memory.cli"]
+    link = subprocess.run(
+        [*dmem, "review-link", "alice"], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert link.startswith(f"http://127.0.0.1:{port}/review/open?")
+    server = subprocess.Popen(
+        [*dmem, "serve", "--port", str(port)], env=env, cwd=tmp_path, stderr=subprocess.PIPE
+    )
+    try:
+        stripped = link.replace("/review/", "/", 1)  # what the proxy forwards
+        opened = None
+        for _ in range(300):  # until it listens
+            try:
+                opened = httpx.get(stripped, timeout=5)
+                break
+            except httpx.ConnectError:
+                assert server.poll() is None, server.stderr.read() if server.stderr else ""
+                time.sleep(0.1)
+        assert opened is not None
+        assert opened.status_code == 200
+        assert 'content="0; url=/review/"' in opened.text
+        assert "Path=/review/" in opened.headers["set-cookie"]
+        cookie = opened.headers["set-cookie"].split(";")[0]
+        overview = httpx.get(f"http://127.0.0.1:{port}/", headers={"cookie": cookie})
+        assert "Memory of alice" in overview.text
+        assert 'href="/review/blocks/student"' in overview.text
+    finally:
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=30) in (0, 130, -signal.SIGINT)

@@ -193,6 +193,15 @@ async def test_an_expired_link_is_refused(page: Page) -> None:
     assert "set-cookie" not in response.headers
 
 
+async def test_a_link_for_a_user_without_memory_says_so(page: Page) -> None:
+    before = snapshot(page.stack)
+    await page.login("carol")
+    response = await page.http.get("/")
+    assert response.status_code == 404
+    assert "user &#39;carol&#39; has no memory yet" in response.text
+    assert snapshot(page.stack) == before
+
+
 async def test_a_tampered_or_foreign_session_is_refused(page: Page) -> None:
     await page.login("alice")
     cookie = page.http.cookies[SESSION_COOKIE]

@@ -19,6 +19,7 @@ from durable_memory.memory.core.errors import (
     UnknownBlock,
     UnknownCommit,
     UnknownDiff,
+    UnknownUser,
 )
 from durable_memory.review.signing import ReviewCredentialRefused
 
@@ -74,7 +75,9 @@ class RequestRefused(DurableMemoryError):
 def status_of(error: DurableMemoryError) -> int:
     if isinstance(error, ReviewCredentialRefused):
         return 403
-    if isinstance(error, UnknownDiff | UnknownBlock | UnknownCommit | InvalidIdentifier):
+    if isinstance(
+        error, UnknownUser | UnknownDiff | UnknownBlock | UnknownCommit | InvalidIdentifier
+    ):
         return 404  # another user's id is reported exactly like a missing one
     if isinstance(error, DiffAlreadyDecided | DecisionRefused):
         return 409
