@@ -349,3 +349,27 @@ async def test_search_and_the_context_bar_show_only_the_sessions_user(page: Page
     elsewhere = await page.http.get("/search", params={"q": "x", "in": "../bob"})
     assert elsewhere.status_code == 400
     assert snapshot(page.stack) == before
+
+
+HOSTILE_IDS = ["%2E%2E", "a%2Fb", "%00", ".git", "-x", "x" * 300, "%EF%BD%81", "$(id)", "é"]
+"""Ids a URL or form may carry, percent-encoded where a URL needs it (a client resolves a
+bare ".." in a path itself)."""
+
+
+async def test_hostile_ids_get_one_clear_refusal_and_change_nothing(page: Page) -> None:
+    await page.login("alice")
+    token = await page.csrf(f"/diffs/{page.alice_diff.id}")
+    before = snapshot(page.stack)
+    for hostile in HOSTILE_IDS:
+        for response in (
+            await page.http.get(f"/diffs/{hostile}"),
+            await page.http.post(
+                f"/diffs/{hostile}/decide", data={"csrf": token, "action": "approve"}
+            ),
+            await page.http.get(f"/blocks/{hostile}"),
+            await page.http.get("/blocks/human", params={"a": hostile, "b": hostile}),
+            await page.http.post("/blocks/human/restore", data={"csrf": token, "sha": hostile}),
+        ):
+            assert 400 <= response.status_code < 500, (hostile, response.url)
+            assert "Refused (" in response.text or response.status_code == 404, hostile
+    assert snapshot(page.stack) == before
