@@ -231,6 +231,18 @@ async def test_review_a_turn_in_the_browser(
             assert "Refused (404)" in text
             assert "Chess" not in text
 
+            # Memory changed elsewhere while an edit is being typed: the page says so and
+            # keeps the edit instead of reloading it away.
+            await page.open(f"{base}/diffs/{stage}")
+            await page.run(lambda d: d.find_element(By.ID, "markdown").send_keys("my draft"))
+            learned = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
+            await asyncio.to_thread(stack.edits.learn_fact, "alice", "Plays the cello", learned)
+            await page.wait_until(lambda d: bool(d.find_elements(By.ID, "changed")))
+            draft = await page.run(
+                lambda d: d.find_element(By.ID, "markdown").get_attribute("value")
+            )
+            assert "my draft" in str(draft)
+
             # A POST without the CSRF token (the field removed from the form): refused.
             await page.open(f"{base}/diffs/{stage}")
             await page.run(

@@ -19,6 +19,23 @@ function watchEditors() {
   }
 }
 
+function editing() {
+  return [...document.querySelectorAll("textarea")].some((t) => t.value !== t.defaultValue);
+}
+
+// Memory changed elsewhere: show it, unless that would throw away an edit being typed.
+function changed() {
+  if (!editing()) {
+    window.location.reload();
+    return;
+  }
+  const notice = document.createElement("p");
+  notice.id = "changed";
+  notice.className = "error";
+  notice.textContent = "This memory changed elsewhere: reload to see it (your edit is kept until you do).";
+  document.querySelector("main").prepend(notice);
+}
+
 async function poll(url) {
   let seen = null;
   for (;;) {
@@ -27,7 +44,7 @@ async function poll(url) {
       if (response.ok) {
         const state = JSON.stringify(await response.json());
         if (seen !== null && state !== seen) {
-          window.location.reload();
+          changed();
           return;
         }
         seen = state;
