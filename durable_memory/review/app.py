@@ -37,6 +37,7 @@ from durable_memory.decision_delivery import DecisionLost
 from durable_memory.memory.core.errors import DurableMemoryError, UnknownCommit
 from durable_memory.memory.core.formats import to_markdown
 from durable_memory.memory.core.operations import apply_operation
+from durable_memory.memory.service.access import Block
 from durable_memory.models.blocks import BlockSpec
 from durable_memory.models.context import ContextWindowOverview
 from durable_memory.models.diffs import DiffStatus, PendingDiff
@@ -53,6 +54,10 @@ from durable_memory.review.web import (
 SESSION_COOKIE = "dmem_review"
 _SHA = re.compile(r"[0-9a-f]{7,40}")
 SEARCH_RESULTS = 20
+SHOWN_VERSIONS = 50
+"""A block's history page lists its newest versions, this many."""
+MAX_VERSIONS = 1000
+"""How far back a version to restore is looked for in the block's history."""
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -207,28 +212,22 @@ class ReviewApp:
         form = await self.form_of(request, session)
         diff = await self._diff(request, session)  # this session's user's, or refused
         action = form.get("action")
-        approver = session.user_id
+        if action not in ("approve", "edit", "reject"):
+            raise RequestRefused("the form names no decision (approve, edit or reject)", 400)
+        approver = session.user_id  # the session's user decides on their own memory
         try:
-            if action == "approve":
-                await self.client.approve(diff.id, approver, user_id=session.user_id)
-            elif action == "edit":
-                await self.client.approve(
-                    diff.id,
-                    approver,
-                    user_id=session.user_id,
-                    edited_markdown=form.get("markdown", ""),
-                )
-            elif action == "reject":
+            if action == "reject":
                 await self.client.reject(
                     diff.id, approver, form.get("reason", ""), user_id=session.user_id
                 )
             else:
-                raise RequestRefused("the form names no decision (approve, edit or reject)", 400)
-        except DecisionLost as error:
+                edited_markdown = form.get("markdown", "") if action == "edit" else None
+                await self.client.approve(
+                    diff.id, approver, user_id=session.user_id, edited_markdown=edited_markdown
+                )
+        except DecisionLost as error:  # who decided what: the message and the diff's status
             return await self.diff_page(request, session, status=409, message=str(error))
         except DurableMemoryError as error:
-            if isinstance(error, RequestRefused):
-                raise
             edited = form.get("markdown") if action == "edit" else None
             return await self.diff_page(
                 request, session, status=status_of(error), message=str(error), edited=edited
@@ -239,7 +238,7 @@ class ReviewApp:
     async def block_page(self, request: Request, session: Session) -> Response:
         user, label = session.user_id, request.path_params["label"]
         block = await self.stack_call(self.client.stack.blocks.read_block, user, label)
-        versions = await self.client.history(user, label, 50)
+        versions = await self.client.history(user, label, SHOWN_VERSIONS)
         compare: dict[str, str] | None = None
         a, b = request.query_params.get("a"), request.query_params.get("b")
         if a and b:
@@ -295,10 +294,11 @@ class ReviewApp:
         form = await self.form_of(request, session)
         user, label = session.user_id, request.path_params["label"]
         sha = _sha(form.get("sha", ""))
-        known = {c.sha for c in await self.client.history(user, label, 1000)}
-        if not any(full.startswith(sha) for full in known):
+        versions = await self.client.history(user, label, MAX_VERSIONS)
+        version = next((c.sha for c in versions if c.sha.startswith(sha)), None)
+        if version is None:  # another user's, another block's, or none at all
             raise UnknownCommit(f"no version {sha[:12]} of block '{label}' for user '{user}'")
-        await self.client.restore(user, label, sha, user)
+        await self.client.restore(user, label, version, user)
         base = base_path(request)
         return RedirectResponse(f"{base}/blocks/{label}", 303)
 
@@ -309,7 +309,7 @@ def _sha(value: str) -> str:
     return value
 
 
-def _block_view(block: Any) -> Mapping[str, Any]:
+def _block_view(block: Block) -> Mapping[str, Any]:
     chars = len(block.value)
     return {
         "label": block.label,
