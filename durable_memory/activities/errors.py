@@ -33,6 +33,7 @@ from durable_memory.faults import crash_point
 from durable_memory.memory.agent.llm import ModelCallError
 from durable_memory.memory.archive import protocol as _archive_errors  # noqa: F401
 from durable_memory.memory.core import limits as _limit_errors  # noqa: F401
+from durable_memory.memory.core import policies as _policy_errors  # noqa: F401
 from durable_memory.memory.core.errors import DurableMemoryError, short_message
 
 DOMAIN_PACKAGE = "durable_memory.memory"
