@@ -4,6 +4,7 @@ task queue with the model replaced by the scripted server at its HTTP boundary."
 
 import asyncio
 import concurrent.futures
+import contextlib
 import sysconfig
 import uuid
 from collections.abc import AsyncIterator
@@ -104,10 +105,26 @@ async def running_rig(
     ):
         model = AnthropicModel(base_url=server.url)
         worker = build_worker(client, settings, stack, model, pool)
-        async with worker:
-            yield Rig(MemoryClient(client, settings, stack), stack, server, settings)
+        try:
+            async with worker:
+                yield Rig(MemoryClient(client, settings, stack), stack, server, settings)
+        finally:
+            await end_workflows_left_on(client, settings.temporal.task_queue)
         model.close()
     stack.close()
+
+
+async def end_workflows_left_on(client: Client, task_queue: str) -> None:
+    """Terminate what a test left running on its own task queue once its worker is gone. The
+    session's dev server is shared and tests reuse workflow ids (`turn:alice:t1`): a turn left
+    mid-way (its rotation check, say, when the test ended at the decision's answer) would
+    otherwise capture a later test's update-with-start on a queue no worker polls."""
+    query = f"TaskQueue = '{task_queue}' AND ExecutionStatus = 'Running'"
+    with contextlib.suppress(RPCError):  # a server without visibility (time-skipping)
+        async for execution in client.list_workflows(query):
+            handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+            with contextlib.suppress(RPCError):  # it ended meanwhile
+                await handle.terminate("the test that started it has stopped its worker")
 
 
 async def default_converter_client(env: WorkflowEnvironment) -> Client:
