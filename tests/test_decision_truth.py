@@ -87,7 +87,7 @@ async def test_at_the_update_limit_the_client_says_busy_not_decided(
     temporal_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
     settings = rig_settings(tmp_path / "data")
-    async with running_rig(temporal_env.client, settings, ONE_EDIT) as rig:
+    async with running_rig(temporal_env.client, settings, ONE_EDIT, keep_running=True) as rig:
         reply = await rig.client.send_message("gus", "I'm Gus", turn_id="busy")
     diff_id = reply.diffs[0].id
     # No worker now: admitted Updates stay in flight, so the eleventh is over the limit.

@@ -96,8 +96,15 @@ def rig_settings(data_dir: Path, *, ttl_s: float = 3600, profile: str = "essay_c
 
 @asynccontextmanager
 async def running_rig(
-    client: Client, settings: Settings, script: list[dict[str, Any]]
+    client: Client,
+    settings: Settings,
+    script: list[dict[str, Any]],
+    *,
+    keep_running: bool = False,
 ) -> AsyncIterator[Rig]:
+    """A worker on `settings`' task queue, the stack and client beside it, and the scripted
+    model. When it stops, what its queue still runs is terminated unless `keep_running` (a
+    test whose later rig on the same queue carries on with it)."""
     stack = stack_from_settings(settings)
     with (
         ScriptedModelServer(script) as server,
@@ -109,7 +116,8 @@ async def running_rig(
             async with worker:
                 yield Rig(MemoryClient(client, settings, stack), stack, server, settings)
         finally:
-            await end_workflows_left_on(client, settings.temporal.task_queue)
+            if not keep_running:
+                await end_workflows_left_on(client, settings.temporal.task_queue)
         model.close()
     stack.close()
 
