@@ -37,25 +37,40 @@ SAFE_GIT_CONFIG = [
 _COMMITTER = git.Actor("durable-memory", "durable-memory@localhost")
 
 
+def git_process(
+    *args: str,
+    cwd: str | os.PathLike[str] | None,
+    lock: int | None,
+    stdin: bytes = b"",
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+) -> "subprocess.CompletedProcess[bytes]":
+    """Run git with SAFE_GIT_CONFIG, none of our own environment's GIT_* variables, `env`
+    added, and the user's lock descriptor passed on (if any); its exit status is the caller's
+    to judge. Raises subprocess.TimeoutExpired after `timeout` seconds."""
+    command = ["git", *(arg for option in SAFE_GIT_CONFIG for arg in ("-c", option)), *args]
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    return subprocess.run(
+        command,
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        env={**inherited, **(env or {})},
+        pass_fds=() if lock is None else (lock,),
+        timeout=timeout,
+        check=False,
+    )
+
+
 def run_git(
     repo: git.Repo, lock: int, *args: str, stdin: bytes = b"", env: Mapping[str, str] | None = None
 ) -> None:
     """A git command that writes to the repository, run with the user's lock descriptor passed
     on: if our process is killed, the git child still running keeps the lock until it exits,
     so the next writer never "recovers" (removes the lock files of) a write still under way."""
-    command = ["git", *(arg for option in SAFE_GIT_CONFIG for arg in ("-c", option)), *args]
-    inherited = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    result = subprocess.run(
-        command,
-        cwd=repo.working_tree_dir,
-        input=stdin,
-        capture_output=True,
-        env={**inherited, **(env or {})},
-        pass_fds=(lock,),
-        check=False,
-    )
+    result = git_process(*args, cwd=repo.working_tree_dir, lock=lock, stdin=stdin, env=env)
     if result.returncode != 0:
-        raise git.GitCommandError(command, result.returncode, result.stderr)
+        raise git.GitCommandError(result.args, result.returncode, result.stderr)
 
 
 def write_commit(

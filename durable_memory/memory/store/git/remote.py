@@ -20,7 +20,6 @@ token, a pre-receive hook) `GitRemoteRefused`. The token travels in git's enviro
 
 import contextlib
 import logging
-import os
 import subprocess
 import threading
 import urllib.error
@@ -46,9 +45,7 @@ from durable_memory.memory.store.bare_repos import (
     existing_bare_repository,
 )
 from durable_memory.memory.store.git.advertisement import advertised_main
-from durable_memory.memory.store.git.commits import SAFE_GIT_CONFIG, run_git
-from durable_memory.memory.store.git.locking import user_lock
-from durable_memory.memory.store.git.recovery import recover
+from durable_memory.memory.store.git.commits import git_process, run_git
 from durable_memory.memory.store.git.refs import (
     BRANCH_REF,
     FULL_SHA,
@@ -231,10 +228,7 @@ class RemoteGitBlockStore(GitBlockStore):
             if not create and self._shared_dir is None:
                 self._refuse_unknown(user_id)  # before leaving an empty clone behind
             self._create(user_id)  # an empty clone: the fetch below fills it
-        path = self.repo_path(user_id)
-        with user_lock(self.users_dir, user_id) as lock, git.Repo(path) as repo:
-            repo.git.set_persistent_git_options(c=SAFE_GIT_CONFIG)
-            recover(repo, lock, self.users_dir, user_id, self.cache)
+        with self._locked(user_id) as (repo, lock, _recovered):
             head = self._sync(repo, lock, user_id)
             if head is None and not create:
                 raise UnknownUser(f"user '{user_id}' has no memory yet")
@@ -356,17 +350,13 @@ class RemoteGitBlockStore(GitBlockStore):
     ) -> str | None:
         """Run a git command that talks to the remote; its output, or None when the
         repository (`missing_ok`) or its main (`unborn_ok`) does not exist there."""
-        command = ["git", *(arg for option in SAFE_GIT_CONFIG for arg in ("-c", option)), *args]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
         try:
-            result = subprocess.run(
-                command,
+            result = git_process(
+                *args,
                 cwd=repo.working_tree_dir if repo is not None else None,
-                capture_output=True,
-                env={**env, **self._env},
-                pass_fds=() if lock is None else (lock,),
+                lock=lock,
+                env=self._env,
                 timeout=NETWORK_TIMEOUT_S,
-                check=False,
             )
         except subprocess.TimeoutExpired:
             raise GitRemoteUnavailable(

@@ -125,14 +125,11 @@ class GitBlockStore:
     @contextlib.contextmanager
     def transaction(self, user_id: str, *, create: bool = False) -> Iterator[RepoTransaction]:
         """Hold the user's write lock; recover from a write interrupted by a crash."""
-        path = self.repo_path(user_id)
         if not self._is_repository(user_id):
             if not create:
                 raise UnknownUser(f"user '{user_id}' has no memory yet")
             self._create(user_id)
-        with user_lock(self.users_dir, user_id) as lock, git.Repo(path) as repo:
-            repo.git.set_persistent_git_options(c=SAFE_GIT_CONFIG)
-            head = recover(repo, lock, self.users_dir, user_id, self.cache)
+        with self._locked(user_id) as (repo, lock, head):
             yield RepoTransaction(
                 repo=repo,
                 lock=lock,
@@ -141,6 +138,14 @@ class GitBlockStore:
                 head=head,
                 cache=self.cache,
             )
+
+    @contextlib.contextmanager
+    def _locked(self, user_id: str) -> Iterator[tuple[git.Repo, int, str | None]]:
+        """The user's existing repository under their lock, repaired after any crash: the
+        repository, the lock's descriptor and HEAD (verified readable)."""
+        with user_lock(self.users_dir, user_id) as lock, git.Repo(self.repo_path(user_id)) as repo:
+            repo.git.set_persistent_git_options(c=SAFE_GIT_CONFIG)
+            yield repo, lock, recover(repo, lock, self.users_dir, user_id, self.cache)
 
     def head(self, user_id: str) -> str | None:
         with self.transaction(user_id) as tx:
