@@ -19,6 +19,7 @@ and its refusals read is a job of its own, in decision_delivery.py.
 """
 
 import asyncio
+import functools
 import gc
 import logging
 import uuid
@@ -40,6 +41,7 @@ from temporalio.client import (
     WithStartWorkflowOperation,
     WorkflowFailureError,
     WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -53,9 +55,11 @@ from durable_memory.decision_delivery import (
     DecisionBusy,
     DecisionLost,
     DecisionNotApplied,
+    DecisionUnconfirmed,
     decision_error,
     execute_decision,
     failure_message,
+    resend_dropped,
     signal_payload,
 )
 from durable_memory.memory.core.errors import (
@@ -105,6 +109,7 @@ __all__ = [
     "DecisionBusy",
     "DecisionLost",
     "DecisionNotApplied",
+    "DecisionUnconfirmed",
     "ForgetFailed",
     "MemoryClient",
     "TemporalUnavailable",
@@ -227,24 +232,35 @@ class MemoryClient:
             message=message,
             profile=profile,
         )
-        start: WithStartWorkflowOperation[Any, TurnOutcome] = WithStartWorkflowOperation(
-            TURN_WORKFLOW,
-            turn.model_dump(mode="json", exclude_none=True),  # the worker's settings apply
-            result_type=TurnOutcome,
-            id=turn_workflow_id(user_id, turn.turn_id),
-            task_queue=self.settings.temporal.task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            search_attributes=TypedSearchAttributes([SearchAttributePair(USER_ID, user_id)]),
-            static_summary=f"Turn of {user_id}: {cut_at_word(message, 100)}",
-        )
-        try:
-            result: TurnReply = await self.client.execute_update_with_start_workflow(
+
+        async def send() -> TurnReply:  # each send needs its own start operation
+            start: WithStartWorkflowOperation[Any, TurnOutcome] = WithStartWorkflowOperation(
+                TURN_WORKFLOW,
+                turn.model_dump(mode="json", exclude_none=True),  # the worker's settings apply
+                result_type=TurnOutcome,
+                id=turn_workflow_id(user_id, turn.turn_id),
+                task_queue=self.settings.temporal.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                search_attributes=TypedSearchAttributes([SearchAttributePair(USER_ID, user_id)]),
+                static_summary=f"Turn of {user_id}: {cut_at_word(message, 100)}",
+            )
+            return await self.client.execute_update_with_start_workflow(
                 TurnWorkflow.reply, start_workflow_operation=start
             )
+
+        try:
+            result = await resend_dropped(send)  # the same turn id attaches to its turn
         except WorkflowUpdateFailedError as error:
             raise TurnFailed(f"the turn failed: {failure_message(error)}") from None
         except RPCError as error:
             raise TemporalUnavailable(f"the turn could not start: {error.message}") from None
+        except WorkflowUpdateRPCTimeoutOrCancelledError as error:
+            if isinstance(error.__cause__, asyncio.CancelledError):
+                raise  # the caller cancelled: not ours to explain
+            raise TemporalUnavailable(
+                f"the turn's reply did not arrive ({error.__cause__ or error}): send the "
+                "message again with the same turn id to get it"
+            ) from None
         return result
 
     # -- decisions -------------------------------------------------------------------------
@@ -327,11 +343,12 @@ class MemoryClient:
             try:
                 if workflow_id != turn_workflow_id(diff.user_id, turn_id):
                     # An old id may be another user's turn ('a-b' + 'c' = 'a' + 'b-c').
-                    found = await handle.describe()
+                    found = await resend_dropped(handle.describe)
                     if found.typed_search_attributes.get(USER_ID) != diff.user_id:
                         continue
                 if not wait:
-                    await handle.signal(kind, signal_payload(decision))
+                    signal = functools.partial(handle.signal, kind, signal_payload(decision))
+                    await resend_dropped(signal)
                     return None
                 return await execute_decision(
                     self.client,

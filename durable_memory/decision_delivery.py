@@ -1,9 +1,11 @@
 """How a decision reaches its turn: the `decide` Update, sent with a bounded retry of our own,
-and the turn workflow's refusals as the domain errors the client raises."""
+and the turn workflow's refusals as the domain errors the client raises; and the resend of a
+request the network dropped, for every call of the client that is safe to repeat."""
 
 import asyncio
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 from temporalio.api.common.v1 import Payloads, WorkflowExecution
@@ -13,7 +15,12 @@ from temporalio.api.update.v1 import Meta as UpdateMeta
 from temporalio.api.update.v1 import Request as UpdateRequest
 from temporalio.api.update.v1 import WaitPolicy
 from temporalio.api.workflowservice.v1 import UpdateWorkflowExecutionRequest
-from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -57,9 +64,23 @@ class DecisionBusy(DurableMemoryError):
     retryable = True
 
 
+class DecisionUnconfirmed(DurableMemoryError):
+    """Every send of the decision's Update ended without an answer (the connection reset, the
+    request cancelled under it): it may have reached its turn and be applied yet. Send the
+    decision again (a repeat of an applied decision is answered with what applied) or read the
+    diff's status."""
+
+    retryable = True
+
+
+T = TypeVar("T")
+
 BUSY_ATTEMPTS = 6
 BUSY_FIRST_DELAY_S = 0.2
 """Backoff for an Update refused at the in-flight limit: 0.2, 0.4, ... 1.6 s (~3 s in all)."""
+RESENDS = 6
+RESEND_FIRST_DELAY_S = 0.1
+"""Backoff for a request that ended without an answer: 0.1, 0.2, ... 3.2 s (~6 s in all)."""
 ACCEPTED = UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_ACCEPTED
 
 
@@ -93,11 +114,22 @@ async def execute_decision(
     )
     delay = first_delay_s
     attempt = 0
+    unanswered = 0
     while True:
         attempt += 1
         try:
             response = await client.workflow_service.update_workflow_execution(request, retry=False)
         except RPCError as error:
+            if error.status in UNANSWERED_STATUSES:  # resent under the same Update id
+                unanswered += 1
+                if unanswered > RESENDS:
+                    raise DecisionUnconfirmed(
+                        f"diff {decision.diff_id}: Temporal did not answer the decision "
+                        f"{unanswered} time(s) ({error.message}); it may still apply: send it "
+                        "again (a repeat is answered with what applied) or read the diff"
+                    ) from None
+                await asyncio.sleep(RESEND_FIRST_DELAY_S * 2 ** (unanswered - 1))
+                continue
             if error.status not in BUSY_STATUSES and not _total_update_limit(error):
                 raise
             if attempt >= attempts or _total_update_limit(error):
@@ -114,12 +146,37 @@ async def execute_decision(
         if response.outcome.HasField("failure"):  # refused by the validator
             cause = await client.data_converter.decode_failure(response.outcome.failure)
             raise WorkflowUpdateFailedError(cause)
-        outcome: DecisionOutcome = await handle.get_update_handle(
+        update = handle.get_update_handle(
             update_id,
             workflow_run_id=response.update_ref.workflow_execution.run_id,
             result_type=DecisionOutcome,
-        ).result()
+        )
+        outcome: DecisionOutcome = await resend_dropped(update.result)
         return outcome
+
+
+async def resend_dropped(send: Callable[[], Awaitable[T]]) -> T:
+    """`send()`, sent again (a bounded number of times, with backoff) while the request is
+    dropped on its way: cancelled under us by a proxy or by the server itself under load
+    ("operation was canceled"), which Temporal's client, unlike a refused connection, does not
+    resend. Only for calls that are safe to repeat: reads, our decisions (a repeat is answered
+    with what applied), a turn's update-with-start (the same turn id attaches to its turn)."""
+    for resend in range(RESENDS + 1):
+        try:
+            return await send()
+        except (RPCError, WorkflowUpdateRPCTimeoutOrCancelledError) as error:
+            if resend == RESENDS or not _dropped(error):
+                raise
+        await asyncio.sleep(RESEND_FIRST_DELAY_S * 2**resend)
+    raise AssertionError("unreachable: the last resend returns or raises")
+
+
+def _dropped(error: BaseException) -> bool:
+    """A request cancelled or timed out without our asking: our own cancellation (an
+    asyncio.CancelledError behind the SDK's error) is not a drop."""
+    if isinstance(error, WorkflowUpdateRPCTimeoutOrCancelledError):
+        error = error.__cause__ if error.__cause__ is not None else error
+    return isinstance(error, RPCError) and error.status in DROPPED_STATUSES
 
 
 def update_payload(decision: DiffDecision) -> dict[str, Any]:
@@ -136,9 +193,20 @@ def signal_payload(decision: DiffDecision) -> dict[str, Any]:
 BUSY_STATUSES = (
     RPCStatusCode.RESOURCE_EXHAUSTED,  # "limit on number of concurrent in-flight updates"
     RPCStatusCode.ABORTED,  # an admitted Update dropped before the workflow took it
-    RPCStatusCode.UNAVAILABLE,
 )
 """Refusals of an Update that waiting may cure (server: history/workflow/update/registry.go)."""
+DROPPED_STATUSES = (
+    RPCStatusCode.CANCELLED,  # cancelled on its way: a proxy, the server under load
+    RPCStatusCode.DEADLINE_EXCEEDED,  # a deadline we did not set: the server's or a proxy's
+)
+UNANSWERED_STATUSES = (
+    *DROPPED_STATUSES,
+    RPCStatusCode.UNKNOWN,  # "transport error": the connection was reset mid-request
+    RPCStatusCode.UNAVAILABLE,  # no connection, or the frontend going away
+    RPCStatusCode.INTERNAL,
+)
+"""What ends the Update's request without an answer from the workflow (the client's own
+retries, which would resend these, are off for the Update: see execute_decision)."""
 
 
 def _total_update_limit(error: RPCError) -> bool:
