@@ -19,16 +19,20 @@ and its refusals read is a job of its own, in decision_delivery.py.
 """
 
 import asyncio
+import contextlib
 import functools
 import gc
 import logging
 import uuid
-from collections.abc import Callable
-from datetime import datetime, timedelta
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, ParamSpec, Self, TypeVar
 
 from pydantic import ValidationError
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import (
     Client,
     Schedule,
@@ -112,6 +116,7 @@ __all__ = [
     "DecisionUnconfirmed",
     "ForgetFailed",
     "MemoryClient",
+    "NoWorkerPolling",
     "TemporalUnavailable",
     "TurnFailed",
     "connect_temporal",
@@ -130,6 +135,12 @@ class TemporalUnavailable(DurableMemoryError):
 class ForgetFailed(DurableMemoryError):
     """A forget that failed before it completed (a store down for too long): the user's
     turns stay refused until a forget is run again and completes."""
+
+
+class NoWorkerPolling(TemporalUnavailable):
+    """No worker has polled the task queue for `temporal.no_worker_grace_s`: the request
+    stays with Temporal and runs when a worker starts (a turn starts then; a decision may
+    still apply then). Send it again, with the same turn id, for its answer."""
 
 
 class TurnFailed(DurableMemoryError):
@@ -206,6 +217,45 @@ class MemoryClient:
         self.stack.close()
         gc.collect()
 
+    async def _while_a_worker_polls(self, call: Awaitable[R], waiting_for: str) -> R:
+        """`call`, given up with NoWorkerPolling once no worker has polled the task queue for
+        `temporal.no_worker_grace_s` (a whole fleet down must not hold a caller forever; a
+        slow model call with workers up never trips it)."""
+        grace = self.settings.temporal.no_worker_grace_s
+        task = asyncio.ensure_future(call)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=min(max(grace / 4, 0.5), 15.0))
+                if done:
+                    return task.result()
+                if not await self._a_worker_polled_within(grace):
+                    queue = self.settings.temporal.task_queue
+                    raise NoWorkerPolling(
+                        f"no worker has polled task queue '{queue}' for {grace:g} s, so "
+                        f"{waiting_for} did not arrive; the request stays with Temporal and "
+                        "runs when a worker starts: send it again then for the answer"
+                    )
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
+    async def _a_worker_polled_within(self, seconds: float) -> bool:
+        """Whether a worker polled the task queue for workflow tasks in the last `seconds`
+        (Temporal's pollers list, by the server's clock); unknown counts as yes."""
+        request = DescribeTaskQueueRequest(
+            namespace=self.client.namespace,
+            task_queue=TaskQueue(name=self.settings.temporal.task_queue),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+        )
+        try:
+            found = await self.client.workflow_service.describe_task_queue(request)
+        except RPCError:
+            return True
+        since = datetime.now(UTC) - timedelta(seconds=seconds)
+        return any(poller.last_access_time.ToDatetime(UTC) >= since for poller in found.pollers)
+
     async def _memory(self, call: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """`call` on the memory stack, off the event loop (it may ask the git remote), its
         reads in one state of memory: each user's remote is asked once (`git.pinned`)."""
@@ -249,7 +299,8 @@ class MemoryClient:
             )
 
         try:
-            result = await resend_dropped(send)  # the same turn id attaches to its turn
+            # A resend with the same turn id attaches to its turn.
+            result = await self._while_a_worker_polls(resend_dropped(send), "the turn's reply")
         except WorkflowUpdateFailedError as error:
             raise TurnFailed(f"the turn failed: {failure_message(error)}") from None
         except RPCError as error:
@@ -350,12 +401,15 @@ class MemoryClient:
                     signal = functools.partial(handle.signal, kind, signal_payload(decision))
                     await resend_dropped(signal)
                     return None
-                return await execute_decision(
-                    self.client,
-                    handle,
-                    decision,
-                    attempts=self.busy_attempts,
-                    first_delay_s=self.busy_first_delay_s,
+                return await self._while_a_worker_polls(
+                    execute_decision(
+                        self.client,
+                        handle,
+                        decision,
+                        attempts=self.busy_attempts,
+                        first_delay_s=self.busy_first_delay_s,
+                    ),
+                    "the decision's answer",
                 )
             except WorkflowUpdateFailedError as error:
                 raise decision_error(error) from None
@@ -475,7 +529,8 @@ class MemoryClient:
             raise TemporalUnavailable(f"the forget could not start: {error.message}") from None
         failure = ""
         try:
-            await handle.result()  # its last step deletes it: this ends in an error
+            # Its last step deletes it: this ends in an error.
+            await self._while_a_worker_polls(handle.result(), "the forget's end")
         except WorkflowFailureError as error:
             failure = failure_message(error)
         except RPCError as error:  # its history was deleted while we read it
@@ -509,7 +564,10 @@ class MemoryClient:
             )
             for name in labels
         ]
-        return [await handle.result() for handle in handles]
+        return [
+            await self._while_a_worker_polls(handle.result(), "the rotation's result")
+            for handle in handles
+        ]
 
     async def ensure_rotation_schedule(self) -> str:
         """Create the Temporal Schedule that sweeps for blocks over threshold, once.

@@ -140,6 +140,10 @@ class TemporalSettings(BaseModel):
     """Temporal Cloud API key (implies TLS)."""
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    no_worker_grace_s: float = Field(default=120, gt=0)
+    """A client waiting for a turn's reply or a decision's answer gives up with
+    `NoWorkerPolling` once no worker has polled the task queue for this long (a worker's
+    long poll lasts about a minute, so keep it above 60 s)."""
 
 
 class DevServerSettings(BaseModel):
@@ -260,6 +264,7 @@ _SETTINGS_ENV = {
     "DMEM_TEMPORAL_NAMESPACE": ("temporal", "namespace"),
     "DMEM_TEMPORAL_API_KEY": ("temporal", "api_key"),
     "DMEM_TASK_QUEUE": ("temporal", "task_queue"),
+    "DMEM_NO_WORKER_GRACE_S": ("temporal", "no_worker_grace_s"),
     "DMEM_APPROVAL_TTL_S": ("turn", "approval_ttl_s"),
     "DMEM_REVIEW_BASE_URL": ("review", "base_url"),
     **{env: ("memory", key) for env, key in _ENV.items()},
