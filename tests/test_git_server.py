@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from durable_memory.cli import main
 from durable_memory.gitserver.pre_receive import hook_script
 from durable_memory.gitserver.server import GitServer, ServeSettings
 from durable_memory.memory.core.errors import DurableMemoryError, InvalidIdentifier
+from durable_memory.memory.core.policies import StandingApproval, format_policies
 from durable_memory.memory.store.bare_repos import ensure_bare_repository
 
 TOKEN = "s3cret-token"
@@ -219,6 +221,20 @@ PROFILE_RECORD = {"profile.toml": 'name = "default"\n'}
 GOOD_NOTES = {**PROFILE_RECORD, "blocks/notes.toml": 'value = "likes tea"\n'}
 
 
+def policies_record(label: str, operations: tuple[str, ...] = ("append",)) -> str:
+    """A standing-approvals record as `dmem policy set` writes it."""
+    now = datetime.now(UTC)
+    approval = StandingApproval(
+        id="0123456789ab",
+        label=label,
+        operations=operations,
+        set_by="ms-rivera",
+        set_at=now,
+        expires_at=now + timedelta(days=30),
+    )
+    return format_policies([approval])
+
+
 @pytest.mark.parametrize(
     ("files", "problem"),
     [
@@ -226,6 +242,10 @@ GOOD_NOTES = {**PROFILE_RECORD, "blocks/notes.toml": 'value = "likes tea"\n'}
         ({**PROFILE_RECORD, "blocks/notes.toml": "colour = 3\n"}, "blocks/notes.toml"),
         ({**PROFILE_RECORD, "blocks/shopping.toml": 'value = "x"\n'}, "not a block of profile"),
         ({"profile.toml": 'name = "nope"\n'}, "unknown profile"),
+        ({**GOOD_NOTES, "policies.toml": "[[approval]\n"}, "policies.toml is refused"),
+        ({**GOOD_NOTES, "policies.toml": policies_record("persona")}, "may never be pre-approved"),
+        ({**GOOD_NOTES, "policies.toml": policies_record("shopping")}, "no block 'shopping'"),
+        ({**GOOD_NOTES, "policies.toml": policies_record("notes", ("fly",))}, "unknown operation"),
     ],
 )
 def test_the_pre_receive_hook_refuses_a_bad_block_file(
@@ -241,6 +261,18 @@ def test_the_pre_receive_hook_refuses_a_bad_block_file(
         assert git("ls-remote", remote(server, "erin")).stdout == ""
         good = work_repo(tmp_path / "good", GOOD_NOTES)
         git("push", remote(server, "erin"), "main", cwd=good)
+
+
+def test_the_pre_receive_hook_takes_a_standing_approvals_record_the_workers_trust(
+    root: Path, tmp_path: Path
+) -> None:
+    hook = hook_script(sys.executable, "default")
+    for server in serve(root, token=TOKEN, pre_receive_hook=hook):
+        good = work_repo(
+            tmp_path / "good", {**GOOD_NOTES, "policies.toml": policies_record("notes")}
+        )
+        git("push", remote(server, "erin"), "main", cwd=good)
+        assert git("ls-remote", remote(server, "erin")).stdout.strip()
 
 
 def test_the_pre_receive_hook_refuses_a_symlinked_block(root: Path, tmp_path: Path) -> None:

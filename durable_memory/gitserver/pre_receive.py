@@ -1,11 +1,14 @@
-"""The optional pre-receive hook: refuse a push whose blocks do not parse with the block format.
+"""The optional pre-receive hook: refuse a push whose blocks or records do not parse.
 
 For people who push to the git server by hand. git runs the hook in the bare repository with
 the pushed objects visible (quarantined) and one `<old> <new> <ref>` line per updated ref on
 standard input; a non-zero exit refuses the whole push and what the hook printed reaches the
 pusher. Each pushed tip is checked as a whole: its `profile.toml` (else the deployment's
-default profile) names the blocks, and every `blocks/*.toml` must be a regular file of a block
-of that profile that parses. Run as `python -m durable_memory.gitserver.pre_receive`.
+default profile) names the blocks, every `blocks/*.toml` must be a regular file of a block
+of that profile that parses, and `policies.toml` (the standing approvals), if there, must be
+a regular file that the workers would trust (a record they would refuse approves nothing, so
+a push of one is refused here rather than discovered at the next proposal). Run as
+`python -m durable_memory.gitserver.pre_receive`.
 """
 
 import argparse
@@ -16,9 +19,17 @@ from collections.abc import Sequence
 
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.core.formats import from_toml
+from durable_memory.memory.core.policies import parse_policies
 from durable_memory.memory.core.profiles import ProfileCatalog, read_profile_record
-from durable_memory.memory.store.git.layout import BLOCKS_DIR, PROFILE_FILE, block_label
+from durable_memory.memory.service.access import block_spec
+from durable_memory.memory.store.git.layout import (
+    BLOCKS_DIR,
+    POLICIES_FILE,
+    PROFILE_FILE,
+    block_label,
+)
 from durable_memory.memory.store.safe_files import MAX_FILE_BYTES
+from durable_memory.models.blocks import AgentProfile
 
 ZERO_SHA = "0" * 40
 REGULAR_FILE_MODES = ("100644", "100755")
@@ -39,9 +50,9 @@ def _blob_text(sha: str, where: str) -> str:
 
 
 def problems_in(commit: str, profiles: ProfileCatalog) -> list[str]:
-    """What is wrong with the blocks of the tree at `commit`, one line each."""
+    """What is wrong with the blocks and records of the tree at `commit`, one line each."""
     entries: dict[str, tuple[str, str]] = {}  # path -> (mode, blob sha)
-    listing = _git("ls-tree", "-z", commit, "--", PROFILE_FILE, f"{BLOCKS_DIR}/")
+    listing = _git("ls-tree", "-z", commit, "--", PROFILE_FILE, POLICIES_FILE, f"{BLOCKS_DIR}/")
     for entry in filter(None, listing.split(b"\0")):
         meta, _, raw_path = entry.partition(b"\t")
         mode, _kind, sha = meta.decode().split()
@@ -56,6 +67,7 @@ def problems_in(commit: str, profiles: ProfileCatalog) -> list[str]:
             profile = profiles.get(read_profile_record(_blob_text(sha, PROFILE_FILE), PROFILE_FILE))
     except DurableMemoryError as error:
         return [str(error)]
+    problems.extend(_policy_problems(entries.pop(POLICIES_FILE, None), profile))
     for path, (mode, sha) in sorted(entries.items()):
         name = path.removeprefix(f"{BLOCKS_DIR}/")
         label = block_label(name)
@@ -72,6 +84,22 @@ def problems_in(commit: str, profiles: ProfileCatalog) -> list[str]:
         except DurableMemoryError as error:
             problems.append(str(error))
     return problems
+
+
+def _policy_problems(entry: tuple[str, str] | None, profile: AgentProfile) -> list[str]:
+    """The standing-approvals record checked as the workers read it (`parse_policies` with
+    the pushed profile's blocks)."""
+    if entry is None:
+        return []
+    mode, sha = entry
+    try:
+        if mode not in REGULAR_FILE_MODES:
+            raise DurableMemoryError(f"{POLICIES_FILE}: not a regular file (mode {mode})")
+        text = _blob_text(sha, POLICIES_FILE)
+        parse_policies(text, POLICIES_FILE, lambda label: block_spec(profile, label))
+    except DurableMemoryError as error:
+        return [str(error)]
+    return []
 
 
 def check_push(lines: Sequence[str], profiles: ProfileCatalog) -> list[str]:
