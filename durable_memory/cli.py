@@ -24,7 +24,12 @@ from pydantic import BaseModel, ValidationError
 from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.client import MemoryClient, connect_temporal
 from durable_memory.config import Settings, load_settings
-from durable_memory.memory.core.errors import DurableMemoryError, UnsafeFile, validation_message
+from durable_memory.memory.core.errors import (
+    BlockChanged,
+    DurableMemoryError,
+    UnsafeFile,
+    validation_message,
+)
 from durable_memory.memory.core.ids import validate_diff_id, validate_user_id
 from durable_memory.memory.core.policies import parse_expiry
 from durable_memory.memory.core.profiles import ProfileCatalog
@@ -176,7 +181,7 @@ def cmd_edit(args: argparse.Namespace) -> None:
 
 
 def _edit_in_editor(stack: MemoryStack, args: argparse.Namespace) -> None:
-    markdown = stack.blocks.render(args.user, args.label, "markdown")
+    markdown, based_on = stack.blocks.for_editing(args.user, args.label)
     editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
     with tempfile.NamedTemporaryFile("w+", suffix=".md", encoding="utf-8", delete=False) as f:
         f.write(markdown)
@@ -195,7 +200,13 @@ def _edit_in_editor(stack: MemoryStack, args: argparse.Namespace) -> None:
                 print("no change")
                 return
             try:
-                sha = stack.edits.edit_markdown(args.user, args.label, edited, _person(args.user))
+                sha = stack.edits.edit_markdown(
+                    args.user, args.label, edited, _person(args.user), based_on
+                )
+            except BlockChanged as error:  # editing this text again cannot help: keep it
+                kept = path.with_name(f"{path.stem}-kept.md")
+                path.replace(kept)
+                raise BlockChanged(f"{error}; your edited text is kept in {kept}") from None
             except UnsafeFile:
                 raise  # the repository is at fault, not the edit: editing again cannot help
             except DurableMemoryError as error:

@@ -484,11 +484,25 @@ class MemoryClient:
 
     # -- a person's own memory -------------------------------------------------------------
 
-    async def edit_block(self, user_id: str, label: str, markdown: str, author: str) -> str:
-        """A user's own edit of a block (its Markdown form), committed directly as them."""
+    async def block_for_editing(self, user_id: str, label: str) -> tuple[str, str | None]:
+        """The block's Markdown form to show a person, and the commit it was read at (pass it
+        to `edit_block` as `based_on`)."""
+        return await self._memory(self.stack.blocks.for_editing, validate_user_id(user_id), label)
+
+    async def edit_block(
+        self, user_id: str, label: str, markdown: str, author: str, based_on: str | None = None
+    ) -> str:
+        """A user's own edit of a block (its Markdown form), committed directly as them. With
+        `based_on` (from `block_for_editing`), BlockChanged instead if the block changed since
+        the person was shown it: their edit would otherwise undo a change they never saw."""
         person = Author(name=validate_author_name(author), kind=AuthorKind.USER)
         return await self._memory(
-            self.stack.edits.edit_markdown, validate_user_id(user_id), label, markdown, person
+            self.stack.edits.edit_markdown,
+            validate_user_id(user_id),
+            label,
+            markdown,
+            person,
+            based_on,
         )
 
     async def history(self, user_id: str, label: str, limit: int = 20) -> list[CommitInfo]:

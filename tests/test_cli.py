@@ -100,6 +100,42 @@ def test_editor_output_that_breaks_the_schema_changes_nothing(
     assert dmem("history", "alice", "journey", "--json")[1] == before
 
 
+def test_an_edit_overtaken_while_in_the_editor_is_refused_and_kept(
+    dmem: Runner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer (an approval, say) commits to the block while the person is in the
+    editor: their edit is refused, the other change stays, their text is kept in a file."""
+    assert dmem("init", "alice")[0] == 0
+    other_writer = (
+        "from pathlib import Path\n"
+        "from durable_memory.bootstrap import open_stack\n"
+        "from durable_memory.models.history import Author, AuthorKind\n"
+        f"stack = open_stack(Path({str(tmp_path / 'data')!r}), profile='essay_coach')\n"
+        "stack.edits.edit_block('alice', 'student', {'name': 'Ally'},"
+        " Author(name='ms-rivera', kind=AuthorKind.USER))\n"
+        "stack.close()\n"
+    )
+    (tmp_path / "other_writer.py").write_text(other_writer, encoding="utf-8")
+    editor = tmp_path / "editor.sh"
+    editor.write_text(
+        f"#!/bin/sh\n{sys.executable} {tmp_path / 'other_writer.py'}\n"
+        "sed -i 's/^## Name$/## Name\\nAlice/' \"$1\"\n",
+        encoding="utf-8",
+    )
+    editor.chmod(0o755)
+    monkeypatch.setenv("EDITOR", str(editor))
+    code, _out, err = dmem("edit", "alice", "student")
+    assert code != 0
+    assert "changed since" in err
+    kept = Path(err.rsplit("kept in ", 1)[1].strip())
+    assert "Alice" in kept.read_text(encoding="utf-8")
+    kept.unlink()
+    fields = json.loads(dmem("blocks", "alice", "student", "--json")[1])["student"]["fields"]
+    assert fields["name"] == "Ally"
+    commits = json.loads(dmem("history", "alice", "student", "--json")[1])
+    assert [c["author"] for c in commits] == ["ms-rivera", "durable-memory"]
+
+
 def test_dmem_context_shows_the_cached_parts_and_the_latest_turn(
     dmem: Runner, tmp_path: Path
 ) -> None:

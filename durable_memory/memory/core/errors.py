@@ -95,6 +95,12 @@ class UnknownCommit(DurableMemoryError):
     """A sha that does not name a commit of the user's repository touching the block."""
 
 
+class BlockChanged(DurableMemoryError):
+    """A person's whole-block edit made on a version of the block that is no longer the
+    current one (an approval or another edit landed while they edited): applying it would
+    silently undo that change, so nothing is committed."""
+
+
 class HandEditPending(DurableMemoryError):
     """A block file changed by hand in the working tree that a write would overwrite."""
 

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from durable_memory.memory.core.blocks import default_fields, render_value, validate_fields
 from durable_memory.memory.core.errors import (
+    BlockChanged,
     DurableMemoryError,
     OperationNotApplicable,
     ProfileError,
@@ -73,6 +74,17 @@ def block_spec(profile: AgentProfile, label: str) -> BlockSpec:
             f"{', '.join(b.label for b in profile.blocks)}"
         )
     return spec
+
+
+def require_unchanged_since(tx: BlockTransaction, label: str, based_on: str) -> None:
+    """BlockChanged unless the block at HEAD is as it was at commit `based_on` (UnknownCommit
+    if that names no commit of the user's)."""
+    if tx.read(label, based_on) != tx.read(label):
+        raise BlockChanged(
+            f"block '{label}' changed since {based_on[:12]}, the version this edit started "
+            "from (an approval or another edit landed meanwhile); nothing was committed: "
+            "open the block again and redo the edit on its current text"
+        )
 
 
 def missing_blocks(tx: BlockTransaction, profile: AgentProfile) -> dict[str, str]:
@@ -151,12 +163,18 @@ class BlockAccess:
         author: Author,
         summary: str,
         trailers: Mapping[str, str] | None = None,
+        based_on: str | None = None,
     ) -> str:
-        """Commit the block with `fields` (validated) or with `op` applied to its HEAD."""
+        """Commit the block with `fields` (validated) or with `op` applied to its HEAD. With
+        `based_on` (the commit whose version of the block the writer started from), refused
+        with BlockChanged if the block has changed since: a whole-block write never undoes a
+        change its writer did not see."""
         validate_label(label)
         validate_author_name(author.name)
         with self.git.transaction(user_id) as tx:
             spec = block_spec(self.profile_in(tx), label)
+            if based_on is not None:
+                require_unchanged_since(tx, label, based_on)
             if isinstance(fields, Mapping):
                 new = validate_fields(spec, fields)
             else:

@@ -125,6 +125,12 @@ class Blocks:
         """The commit that last changed the user's blocks; None before the first."""
         return self._access.git.head_info(user_id)
 
+    def for_editing(self, user_id: str, label: str) -> tuple[str, str | None]:
+        """The block's Markdown form and the commit it was read at: pass that commit as the
+        edit's `based_on`, so an edit made on it never undoes a change landed meanwhile."""
+        block = self.read_block(user_id, label)
+        return to_markdown(block.spec, block.fields), block.sha
+
     def render(self, user_id: str, label: str, fmt: str) -> str:
         """A block as `toml` (stored form), `markdown` (editing form) or `prompt` (Letta)."""
         block = self.read_block(user_id, label)

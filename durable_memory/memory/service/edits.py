@@ -27,15 +27,31 @@ class DirectEdits:
         self._access = access
 
     def edit_block(
-        self, user_id: str, label: str, fields: Mapping[str, object], author: Author
+        self,
+        user_id: str,
+        label: str,
+        fields: Mapping[str, object],
+        author: Author,
+        based_on: str | None = None,
     ) -> str:
-        """A person's own edit of the whole block: validated, then committed directly."""
-        return self._access.commit_fields(user_id, label, fields, author, f"Edit {label}")
+        """A person's own edit of the whole block: validated, then committed directly; with
+        `based_on` (the commit they opened the block at), refused with BlockChanged if the
+        block changed since."""
+        return self._access.commit_fields(
+            user_id, label, fields, author, f"Edit {label}", based_on=based_on
+        )
 
-    def edit_markdown(self, user_id: str, label: str, markdown: str, author: Author) -> str:
+    def edit_markdown(
+        self,
+        user_id: str,
+        label: str,
+        markdown: str,
+        author: Author,
+        based_on: str | None = None,
+    ) -> str:
         """The `dmem edit` path: the Markdown form, parsed and validated, committed directly."""
         fields = from_markdown(self._access.spec(user_id, label), markdown)
-        return self.edit_block(user_id, label, fields, author)
+        return self.edit_block(user_id, label, fields, author, based_on)
 
     def apply_direct(
         self, user_id: str, label: str, op: EditOperation, author: Author, reason: str = ""

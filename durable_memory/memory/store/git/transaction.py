@@ -12,7 +12,7 @@ from pathlib import Path
 
 import git
 
-from durable_memory.memory.core.errors import HandEditPending, UnsafeFile
+from durable_memory.memory.core.errors import HandEditPending, UnknownCommit, UnsafeFile
 from durable_memory.memory.store.git.commits import write_commit
 from durable_memory.memory.store.git.layout import (
     BLOCKS_DIR,
@@ -65,12 +65,15 @@ class RepoTransaction:
     def read(self, label: str, sha: str | None = None) -> str | None:
         """The block file at `sha` (default HEAD), or None if it does not exist there.
 
-        A symlink, a submodule or bytes that are not UTF-8 committed as the block are refused."""
+        A symlink, a submodule or bytes that are not UTF-8 committed as the block are refused;
+        a `sha` that names no commit here is UnknownCommit."""
         path = block_path(label)
         rev = sha or self.head
         if rev is None:
             return None
-        if not FULL_SHA.fullmatch(rev):
+        if sha is not None:
+            rev = self.commit_id(sha)
+        elif not FULL_SHA.fullmatch(rev):
             rev = self.repo.commit(rev).hexsha
         snapshot = self.snapshot(rev)
         for refused in (BLOCKS_DIR, path):
@@ -80,6 +83,18 @@ class RepoTransaction:
                     f"{snapshot.refused[refused]}: refused, nothing was read from it"
                 )
         return snapshot.blocks.get(label)
+
+    def commit_id(self, sha: str) -> str:
+        """The full id of the commit `sha` (full or abbreviated) names in this repository."""
+        unknown = UnknownCommit(f"no commit {sha[:45]} in the memory of user '{self.user_id}'")
+        try:
+            commit = self.repo.commit(sha)
+            # A full id is taken on trust until it is used: ask what it names, if anything.
+            if self.repo.odb.info(commit.binsha).type != b"commit":
+                raise unknown
+        except (git.BadName, ValueError):
+            raise unknown from None
+        return str(commit.hexsha)
 
     def read_record(self, name: str) -> str | None:
         """HEAD's record `name` (one of `RECORD_FILES`), None if it has none. A symlink, a
