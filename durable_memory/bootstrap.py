@@ -37,7 +37,7 @@ from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.rotation_state import RotationStateStore
 from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.memory.store.turns import TurnStore
-from durable_memory.memory.store.users import UserDirectory
+from durable_memory.memory.store.users import PayloadKeyStore, UserDirectory
 from durable_memory.models.blocks import AgentProfile
 from durable_memory.models.context import CompiledContext
 from durable_memory.models.turn import ForgetStore
@@ -117,6 +117,19 @@ def open_archive(
     )
 
 
+def sql_url(data_dir: Path, database_url: str | None) -> str:
+    """memory.database_url, else the SQLite file `memory.db` in the data dir."""
+    return database_url or f"sqlite:///{data_dir.resolve() / 'memory.db'}"
+
+
+def payload_keys_from_settings(settings: Settings) -> PayloadKeyStore:
+    """The users' payload keys (durable_memory/codec/), in the memory database: the codec of
+    a Temporal client holds it for as long as the client lives."""
+    root = Path(settings.memory.data_dir).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    return PayloadKeyStore(make_engine(sql_url(root, settings.memory.database_url)))
+
+
 def open_stack(
     data_dir: str | Path,
     database_url: str | None = None,
@@ -134,7 +147,7 @@ def open_stack(
     root.mkdir(parents=True, exist_ok=True)
     # The archive first: a backend refused for its settings leaves no memory.db behind.
     archive = open_archive(root, archive_backend, embedder or default_embedder(), database_url)
-    engine = make_engine(database_url or f"sqlite:///{root.resolve() / 'memory.db'}")
+    engine = make_engine(sql_url(root, database_url))
     profiles = ProfileCatalog(profile)  # `profile`: the default, beside the bundled ones
     git = (
         GitBlockStore(root)

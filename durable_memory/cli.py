@@ -502,6 +502,12 @@ def cmd_serve(args: argparse.Namespace) -> None:
     asyncio.run(serve(_settings(args), args.host, args.port))
 
 
+def cmd_codec_server(args: argparse.Namespace) -> None:
+    from durable_memory.codec.server import serve
+
+    asyncio.run(serve(_settings(args), args.host, args.port))
+
+
 def cmd_review_link(args: argparse.Namespace) -> None:
     from durable_memory.review.server import review_link
 
@@ -619,6 +625,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("serve", cmd_serve, "serve the review page (docs/review.md)")
     p.add_argument("--host", help="default: review.host")
     p.add_argument("--port", type=int, help="default: review.port")
+    p = add(
+        "codec-server",
+        cmd_codec_server,
+        "decrypt users' turns for the Temporal Web UI and CLI (docs/governance.md)",
+    )
+    p.add_argument("--host", help="default: payload_encryption.codec_server.host")
+    p.add_argument("--port", type=int, help="default: payload_encryption.codec_server.port")
     p = add("review-link", cmd_review_link, "print a signed, expiring review link for USER")
     p.add_argument("user")
     p.add_argument("--ttl", type=float, metavar="S", help="seconds (default: review.link_ttl_s)")

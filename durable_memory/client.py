@@ -48,10 +48,10 @@ from temporalio.client import (
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from durable_memory.bootstrap import MemoryStack, stack_from_settings
+from durable_memory.codec import data_converter_for
 from durable_memory.config import Settings, load_settings
 from durable_memory.decision_delivery import (
     BUSY_ATTEMPTS,
@@ -161,7 +161,7 @@ async def connect_temporal(settings: Settings) -> Client:
             namespace=t.namespace,
             api_key=t.api_key,
             tls=tls,
-            data_converter=pydantic_data_converter,
+            data_converter=data_converter_for(settings),  # the codec, when encrypting
         )
     except RuntimeError as error:
         raise TemporalUnavailable(

@@ -235,6 +235,90 @@ class ReviewSettings(BaseModel):
         return value.encode("utf-8")
 
 
+PAYLOAD_MASTER_KEY_ENV = "DMEM_PAYLOAD_MASTER_KEY"
+CODEC_SERVER_TOKEN_ENV = "DMEM_CODEC_SERVER_TOKEN"
+MIN_CODEC_TOKEN_CHARS = 32
+
+
+def _first_line_secret(file: Path | None, env: str, key: str) -> str | None:
+    """A secret: the first line of `file` (config key `key`), else the environment variable
+    `env`; None when neither is set. An unreadable file is a ConfigError naming the key."""
+    if file is None:
+        return os.environ.get(env, "").strip() or None
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise ConfigError(f"{key}: cannot read {file}: {error.strerror}") from None
+    return (lines[0].strip() if lines else "") or None
+
+
+class CodecServerSettings(BaseModel):
+    """`dmem codec-server`: Temporal's codec-server protocol for the Web UI and the CLI."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8234, gt=0, lt=65536)
+    token_file: Path | None = None
+    """A file whose first line is the bearer token callers must send (default:
+    $DMEM_CODEC_SERVER_TOKEN); at least 32 characters. No token, no server."""
+    cors_origins: tuple[str, ...] = ("http://127.0.0.1:8233", "http://localhost:8233")
+    """The Web UI origins a browser may call the server from (the dev server's UI by
+    default); a request from any other origin is refused."""
+
+    def token(self) -> str:
+        value = _first_line_secret(
+            self.token_file, CODEC_SERVER_TOKEN_ENV, "payload_encryption.codec_server.token_file"
+        )
+        if value is None or len(value) < MIN_CODEC_TOKEN_CHARS:
+            raise ConfigError(
+                f"payload_encryption.codec_server: set {CODEC_SERVER_TOKEN_ENV} or token_file "
+                f"to a token of at least {MIN_CODEC_TOKEN_CHARS} characters (e.g. `openssl "
+                "rand -hex 32`): the codec server decrypts users' turns for whoever has it"
+            )
+        return value
+
+
+class PayloadEncryptionSettings(BaseModel):
+    """Per-user encryption of the users' Temporal payloads (docs/governance.md, "Payload
+    encryption"). `payload_encryption: per_user` is short for `{mode: per_user}`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["off", "per_user"] = "off"
+    """off: plain JSON payloads, as every caller in any language sends them. per_user: the
+    payloads of each user's workflows are encrypted with that user's key."""
+    master_key_file: Path | None = None
+    """A file whose first line is the master key, 64 hex characters (default:
+    $DMEM_PAYLOAD_MASTER_KEY); it wraps the users' keys in the database. Needed by
+    per_user, and to read payloads encrypted before the mode was turned off."""
+    codec_server: CodecServerSettings = CodecServerSettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_alone(cls, value: Any) -> Any:
+        return {"mode": value} if isinstance(value, str) else value
+
+    def master_key(self) -> bytes | None:
+        """The master key's 32 bytes, None when none is configured; a malformed one is a
+        ConfigError."""
+        value = _first_line_secret(
+            self.master_key_file, PAYLOAD_MASTER_KEY_ENV, "payload_encryption.master_key_file"
+        )
+        if value is None:
+            return None
+        try:
+            key = bytes.fromhex(value)
+        except ValueError:
+            key = b""
+        if len(key) != 32:
+            raise ConfigError(
+                "payload_encryption: the master key must be 64 hex characters (32 bytes; "
+                "e.g. `openssl rand -hex 32`)"
+            )
+        return key
+
+
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -247,6 +331,16 @@ class Settings(BaseModel):
     cost_factors: CostFactors = CostFactors()
     """Prompt-cache prices relative to an uncached input token (Anthropic's by default)."""
     review: ReviewSettings = ReviewSettings()
+    payload_encryption: PayloadEncryptionSettings = PayloadEncryptionSettings()
+
+    @model_validator(mode="after")
+    def _encryption_has_its_key(self) -> "Settings":
+        if self.payload_encryption.mode == "per_user" and not self.payload_encryption.master_key():
+            raise ConfigError(
+                "payload_encryption: per_user needs the master key that wraps the users' keys: "
+                f"set {PAYLOAD_MASTER_KEY_ENV} or payload_encryption.master_key_file"
+            )
+        return self
 
     def turn_settings(self) -> WorkerTurnSettings:
         """What a turn on this deployment runs with; its worker hands it to each turn."""
@@ -267,6 +361,7 @@ _SETTINGS_ENV = {
     "DMEM_NO_WORKER_GRACE_S": ("temporal", "no_worker_grace_s"),
     "DMEM_APPROVAL_TTL_S": ("turn", "approval_ttl_s"),
     "DMEM_REVIEW_BASE_URL": ("review", "base_url"),
+    "DMEM_PAYLOAD_ENCRYPTION": ("payload_encryption", "mode"),
     **{env: ("memory", key) for env, key in _ENV.items()},
 }
 
@@ -275,6 +370,8 @@ def load_settings(path: Path | None = None) -> Settings:
     """temporal.yaml (or DMEM_CONFIG) with environment overrides; a wrong or missing value is
     a ConfigError naming the key."""
     raw = load_config_file(path)
+    if isinstance(raw.get("payload_encryption"), str):  # the short form, `: per_user`
+        raw["payload_encryption"] = {"mode": raw["payload_encryption"]}
     for env, (section, key) in _SETTINGS_ENV.items():
         if os.environ.get(env):
             part = raw.setdefault(section, {})

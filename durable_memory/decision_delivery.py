@@ -21,6 +21,7 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
+from temporalio.converter import DataConverter, WorkflowSerializationContext
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -106,7 +107,7 @@ async def execute_decision(
             input=UpdateInput(
                 name="decide",
                 args=Payloads(
-                    payloads=await client.data_converter.encode([update_payload(decision)])
+                    payloads=await _converter(client, handle.id).encode([update_payload(decision)])
                 ),
             ),
         ),
@@ -144,7 +145,7 @@ async def execute_decision(
         if response.stage < ACCEPTED:  # the server's long poll ended first: ask again
             continue
         if response.outcome.HasField("failure"):  # refused by the validator
-            cause = await client.data_converter.decode_failure(response.outcome.failure)
+            cause = await _converter(client, handle.id).decode_failure(response.outcome.failure)
             raise WorkflowUpdateFailedError(cause)
         update = handle.get_update_handle(
             update_id,
@@ -177,6 +178,14 @@ def _dropped(error: BaseException) -> bool:
     if isinstance(error, WorkflowUpdateRPCTimeoutOrCancelledError):
         error = error.__cause__ if error.__cause__ is not None else error
     return isinstance(error, RPCError) and error.status in DROPPED_STATUSES
+
+
+def _converter(client: Client, workflow_id: str) -> DataConverter:
+    """The client's converter for the turn's payloads: with the workflow's context, as the
+    SDK's own calls have it, so a per-user codec encrypts the decision for the turn's user."""
+    return client.data_converter.with_context(
+        WorkflowSerializationContext(namespace=client.namespace, workflow_id=workflow_id)
+    )
 
 
 def update_payload(decision: DiffDecision) -> dict[str, Any]:

@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # settings (ConfigError is a domain error); the offline model; `dmem git-serve`
     ("config", "scripted_model", "gitserver"),
     ("bootstrap",),  # the composition root: the memory stack built from settings
+    ("codec",),  # per-user payload encryption: the Temporal codec, its keys, `dmem codec-server`
     ("activities",),  # thin @activity.defn adapters over the stack bootstrap built
     ("workflows",),  # deterministic orchestration, calling activities
     ("decision_delivery",),  # the client's decision Update to a turn, and its refusals read
@@ -60,6 +61,7 @@ DOMAIN: dict[str, tuple[str, ...]] = {
 }
 
 TEMPORAL_PARTS = (
+    "codec",
     "activities",
     "workflows",
     "decision_delivery",

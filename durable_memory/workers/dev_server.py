@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from durable_memory.codec import data_converter_for
 from durable_memory.config import ConfigError, Settings
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
 
@@ -71,7 +71,7 @@ async def start_dev_server(
             ui=True,
             ui_port=ui_port if ui_port is not None else dev.ui_port,
             search_attributes=SEARCH_ATTRIBUTES,
-            data_converter=pydantic_data_converter,
+            data_converter=data_converter_for(settings),
             dev_server_existing_path=str(temporal_binary()),
             dev_server_database_filename=str(database_path(settings)),
             dev_server_log_level=dev.log_level,

@@ -33,10 +33,13 @@ USER_TABLES = (
     "user_turn_contexts",
     "user_turn_steps",
     "rotation_state",
+    "user_data_keys",
     "users",
 )
 """Every table keyed by a user (`user_id`), the list of who has memory (`users`) last: a
-forget killed half-way is still listed, and found again by the sweep and the operator."""
+forget killed half-way is still listed, and found again by the sweep and the operator.
+`user_data_keys` holds the user's payload key (store/users.py): deleting it is the
+crypto-shredding of whatever of theirs Temporal still keeps encrypted."""
 
 
 def user_hash(user_id: str) -> str:

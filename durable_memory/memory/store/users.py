@@ -8,16 +8,30 @@ repository exists, so every listed user has one somewhere.
 Migration: a deployment from before this table has users on disk only. Each `dmem worker`
 registers the users of its own data dir when it starts (`Blocks.register_local_users`), and
 any user's next turn registers them too; registering is idempotent, so both are cheap.
+
+Beside it, each user's payload key (`user_data_keys`, below), for `payload_encryption:
+per_user` (durable_memory/codec/): one row per user, the key itself wrapped by the master
+key, so the table alone decrypts nothing. This module only keeps the bytes; generating,
+wrapping and using a key is the codec's.
+
+Forgetting a user deletes their row with their other rows (store/erasure.py's USER_TABLES):
+that is the crypto-shredding, as every payload of theirs left in Temporal (a history not yet
+deleted, an archive, a backup) was encrypted with the key that row held. While a forget is
+under way no key is made for the user (UserBeingForgotten), so a turn that arrives then is
+refused before its first payload is encrypted, and nothing recreates the key behind the
+forget's back.
 """
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, LargeBinary
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlmodel import Field, Session, SQLModel, col, select
+from sqlmodel import Column, Field, Session, SQLModel, col, select
 
+from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.erasure import ErasureLedger
 
 REGISTER_BATCH = 1000
@@ -59,3 +73,76 @@ class UserDirectory:
         """Every registered user, in id order."""
         with Session(self.engine) as session:
             return list(session.exec(select(UserRow.user_id).order_by(col(UserRow.user_id))))
+
+
+# -- payload keys (durable_memory/codec/) ---------------------------------------------------
+
+
+class PayloadKeyRow(SQLModel, table=True):
+    __tablename__ = "user_data_keys"
+
+    key_id: str = Field(primary_key=True, max_length=32)
+    """Random, 32 hex: what an encrypted payload names, never the user."""
+    user_id: str = Field(index=True, unique=True, max_length=64)
+    wrapped_key: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+    master_key_id: str = Field(max_length=16)
+    """Which master key wrapped it (a fingerprint), so a wrong one is named, not guessed at."""
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class StoredKey:
+    key_id: str
+    user_id: str
+    wrapped_key: bytes
+    master_key_id: str
+
+
+def _stored(row: PayloadKeyRow) -> StoredKey:
+    return StoredKey(row.key_id, row.user_id, row.wrapped_key, row.master_key_id)
+
+
+class PayloadKeyStore:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def for_user(self, user_id: str) -> StoredKey | None:
+        with Session(self.engine) as session:
+            row = session.exec(
+                select(PayloadKeyRow).where(PayloadKeyRow.user_id == validate_user_id(user_id))
+            ).first()
+            return None if row is None else _stored(row)
+
+    def add(self, candidate: StoredKey) -> StoredKey:
+        """Keep `candidate` as its user's key unless the user has one already (two processes
+        making the first key at once: one wins, both get the winner). UserBeingForgotten while
+        the user's forget is under way."""
+        ErasureLedger(self.engine).refuse_if_open(candidate.user_id)
+        insert = postgresql_insert if self.engine.dialect.name == "postgresql" else sqlite_insert
+        with self.engine.begin() as conn:
+            conn.execute(
+                insert(PayloadKeyRow)
+                .values(
+                    key_id=candidate.key_id,
+                    user_id=validate_user_id(candidate.user_id),
+                    wrapped_key=candidate.wrapped_key,
+                    master_key_id=candidate.master_key_id,
+                    created_at=datetime.now(UTC),
+                )
+                .on_conflict_do_nothing(index_elements=["user_id"])
+            )
+        kept = self.for_user(candidate.user_id)
+        if kept is None:  # deleted by a forget between the two statements
+            ErasureLedger(self.engine).refuse_if_open(candidate.user_id)
+            raise LookupError(f"the key of user '{candidate.user_id}' vanished as it was made")
+        return kept
+
+    def by_ids(self, key_ids: set[str]) -> dict[str, StoredKey]:
+        """The keys of these ids that still exist (a forgotten user's is gone)."""
+        if not key_ids:
+            return {}
+        with Session(self.engine) as session:
+            rows = session.exec(
+                select(PayloadKeyRow).where(col(PayloadKeyRow.key_id).in_(sorted(key_ids)))
+            ).all()
+            return {row.key_id: _stored(row) for row in rows}
