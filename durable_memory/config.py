@@ -297,7 +297,11 @@ class PayloadEncryptionSettings(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _mode_alone(cls, value: Any) -> Any:
-        return {"mode": value} if isinstance(value, str) else value
+        if isinstance(value, str | bool):
+            value = {"mode": value}
+        if isinstance(value, dict) and value.get("mode") is False:  # YAML reads `off` so
+            value = {**value, "mode": "off"}
+        return value
 
     def master_key(self) -> bytes | None:
         """The master key's 32 bytes, None when none is configured; a malformed one is a
@@ -370,7 +374,7 @@ def load_settings(path: Path | None = None) -> Settings:
     """temporal.yaml (or DMEM_CONFIG) with environment overrides; a wrong or missing value is
     a ConfigError naming the key."""
     raw = load_config_file(path)
-    if isinstance(raw.get("payload_encryption"), str):  # the short form, `: per_user`
+    if isinstance(raw.get("payload_encryption"), str | bool):  # the short form, `: per_user`
         raw["payload_encryption"] = {"mode": raw["payload_encryption"]}
     for env, (section, key) in _SETTINGS_ENV.items():
         if os.environ.get(env):
