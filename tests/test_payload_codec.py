@@ -27,6 +27,7 @@ from temporalio.converter import (
 )
 from temporalio.testing import WorkflowEnvironment
 
+from durable_memory.cli import main
 from durable_memory.codec.keys import Keyring, PayloadKeyError
 from durable_memory.codec.payload_codec import (
     ENCODING,
@@ -236,6 +237,29 @@ def test_encryption_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv(CODEC_SERVER_TOKEN_ENV, "short")
     with pytest.raises(ConfigError, match="at least 32 characters"):
         codec_app_for(load_settings(config))
+
+
+def test_dmem_codec_server_refuses_to_start_without_its_secrets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DMEM_CONFIG", raising=False)
+    monkeypatch.delenv("DMEM_PAYLOAD_ENCRYPTION", raising=False)
+    monkeypatch.delenv(PAYLOAD_MASTER_KEY_ENV, raising=False)
+    monkeypatch.setenv("DMEM_DATA_DIR", str(tmp_path / "data"))
+    for token, master_key, missing in (
+        (TOKEN, None, "no master key"),
+        (None, MASTER_KEY.hex(), "a token of at least 32 characters"),
+    ):
+        for env, value in ((CODEC_SERVER_TOKEN_ENV, token), (PAYLOAD_MASTER_KEY_ENV, master_key)):
+            if value is None:
+                monkeypatch.delenv(env, raising=False)
+            else:
+                monkeypatch.setenv(env, value)
+        assert main(["codec-server", "--port", "1"]) == 2
+        err = capsys.readouterr().err
+        assert missing in err
+        assert err.count("\n") == 1
 
 
 # -- a turn on a real Temporal dev server and worker ---------------------------------------------
