@@ -28,6 +28,7 @@ from temporalio.converter import (
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.cli import main
+from durable_memory.client import connect_temporal
 from durable_memory.codec.keys import Keyring, PayloadKeyError
 from durable_memory.codec.payload_codec import (
     ENCODING,
@@ -366,10 +367,10 @@ async def test_an_encrypted_turn_shows_nothing_without_the_key_and_is_shredded_b
     temporal_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
     settings = encrypted_settings(tmp_path)
-    target = temporal_env.client.service_client.config.target_host
-    client = await Client.connect(
-        target, namespace=temporal_env.client.namespace, data_converter=data_converter_for(settings)
-    )
+    address = temporal_env.client.service_client.config.target_host
+    temporal = settings.temporal.model_copy(update={"address": address})
+    settings = settings.model_copy(update={"temporal": temporal})
+    client = await connect_temporal(settings)  # as `dmem worker` and MemoryClient connect
     workflow_id = turn_workflow_id("alice", "a1")
     async with running_rig(client, settings, SCRIPT) as rig, codec_server(settings) as url:
         reply = await rig.client.send_message("alice", f"My secret is {CANARY}", turn_id="a1")
