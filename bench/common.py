@@ -157,26 +157,26 @@ class CpuMeter:
         return {k: (after[k] - before[k]) * 1000 / turns for k in before}
 
 
+def endless_answer(body: dict[str, Any]) -> dict[str, Any]:
+    """A proposal when the last message says 'propose', an archival search when it says
+    'search', text otherwise: chosen from the request itself, so concurrent requests each get
+    their own answer (a shared script queue would hand one request another's)."""
+    last = body["messages"][-1]["content"]
+    blocks = last if isinstance(last, list) else [{"type": "text", "text": last}]
+    said = " ".join(
+        b["text"]
+        for b in blocks
+        if b.get("type") == "text" and not b["text"].startswith(TURN_NOTE_START)
+    )
+    return PROPOSAL if "propose" in said else SEARCH if "search" in said else {"text": "ok"}
+
+
 class EndlessScript(ScriptedModelServer):
-    """Answers every request at once: a proposal when the last message says 'propose', an
-    archival search when it says 'search', text otherwise. Keeps no requests, so a long run
+    """Answers every request at once (`endless_answer`). Keeps no requests, so a long run
     does not grow."""
 
     def __init__(self, port: int = 0) -> None:
-        super().__init__([], port=port, record_requests=False)
-
-    def _answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
-        last = body["messages"][-1]["content"]
-        blocks = last if isinstance(last, list) else [{"type": "text", "text": last}]
-        said = " ".join(
-            b["text"]
-            for b in blocks
-            if b.get("type") == "text" and not b["text"].startswith(TURN_NOTE_START)
-        )
-        self.extend(
-            [PROPOSAL if "propose" in said else SEARCH if "search" in said else {"text": "ok"}]
-        )
-        return super()._answer(body)
+        super().__init__([], port=port, record_requests=False, respond=endless_answer)
 
 
 def serve_endless(port: int, ready: EventType, stop: EventType) -> None:
