@@ -14,9 +14,9 @@ from durable_memory.memory.agent.context import ContextSources, Summarizer
 from durable_memory.memory.agent.steps import ChatModel, TurnSteps, turn_context
 from durable_memory.memory.agent.tools import MemoryTools
 from durable_memory.memory.archive.embedders import Embedder, default_embedder
-from durable_memory.memory.archive.postgres import PostgresArchive
 from durable_memory.memory.archive.protocol import ArchiveError, ArchiveStore
 from durable_memory.memory.archive.sqlite import SqliteArchive
+from durable_memory.memory.archive.vector_cache import VECTOR_CACHE_BYTES
 from durable_memory.memory.core.profiles import ProfileCatalog
 from durable_memory.memory.rotation.planner import DEFAULT_TARGET_RATIO
 from durable_memory.memory.rotation.steps import Rotator
@@ -102,11 +102,21 @@ def memory_faces(
 
 
 def open_archive(
-    data_dir: Path, backend: str, embedder: Embedder, database_url: str | None = None
+    data_dir: Path,
+    backend: str,
+    embedder: Embedder,
+    database_url: str | None = None,
+    vector_cache_bytes: int = VECTOR_CACHE_BYTES,
 ) -> ArchiveStore:
+    """The archive `backend` names; `vector_cache_bytes` bounds the embedded one's vectors in
+    memory (the others keep none)."""
     if backend == "embedded":
-        return SqliteArchive(data_dir / "archive.db", embedder)
+        return SqliteArchive(data_dir / "archive.db", embedder, cache_bytes=vector_cache_bytes)
+    # The other backends' modules are imported only when chosen: psycopg alone holds 9 MiB
+    # of an embedded worker's memory (docs/benchmarks.md, memory).
     if backend == "postgres":
+        from durable_memory.memory.archive.postgres import PostgresArchive
+
         return PostgresArchive(postgres_archive_url(database_url), embedder)
     if backend == "weaviate":
         from durable_memory.memory.archive.weaviate import WeaviateArchive, connect
@@ -140,13 +150,16 @@ def open_stack(
     target_ratio: float = DEFAULT_TARGET_RATIO,
     git_remote: str | None = None,
     git_token: str | None = None,
+    vector_cache_bytes: int = VECTOR_CACHE_BYTES,
 ) -> MemoryStack:
     """The stack on `data_dir`; with `git_remote`, users' repositories live on the remote and
     `data_dir` keeps only disposable clones (see store/git/remote.py)."""
     root = Path(data_dir).resolve()  # no store path may depend on the current directory
     root.mkdir(parents=True, exist_ok=True)
     # The archive first: a backend refused for its settings leaves no memory.db behind.
-    archive = open_archive(root, archive_backend, embedder or default_embedder(), database_url)
+    archive = open_archive(
+        root, archive_backend, embedder or default_embedder(), database_url, vector_cache_bytes
+    )
     engine = make_engine(sql_url(root, database_url))
     profiles = ProfileCatalog(profile)  # `profile`: the default, beside the bundled ones
     git = (
@@ -182,4 +195,9 @@ def stack_from_settings(settings: Settings) -> MemoryStack:
         target_ratio=memory.rotation_target_ratio,
         git_remote=memory.git_remote,
         git_token=memory.git_token() if memory.git_remote else None,
+        vector_cache_bytes=(
+            VECTOR_CACHE_BYTES
+            if memory.vector_cache_mib is None
+            else memory.vector_cache_mib * 2**20
+        ),
     )

@@ -48,6 +48,9 @@ class MemorySettings(BaseModel):
     and the archive shared (postgres or weaviate)."""
     git_token_file: Path | None = None
     """A file whose first line is the git server's token (default: $DMEM_GIT_TOKEN)."""
+    vector_cache_mib: int | None = Field(default=None, ge=1)
+    """The embedded archive's vectors kept in memory across users, least recently searched
+    out first; default: the archive's own bound, 64 MiB (memory/archive/vector_cache.py)."""
 
     def git_token(self) -> str | None:
         """The git server's token: git_token_file's first line, else $DMEM_GIT_TOKEN."""

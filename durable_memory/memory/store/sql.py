@@ -22,6 +22,8 @@ from sqlmodel import create_engine
 
 LOCK_WAIT_S = 30
 """How long a SQLite writer waits for another's lock before "database is locked"."""
+SQLITE_CACHE_KIB = 512
+"""The page cache of one SQLite connection (see _SQLITE_PRAGMAS)."""
 _SQLITE_PRAGMAS = (
     # WAL lets several processes (workers, CLI) read while one writes; busy_timeout makes a
     # writer wait for the lock instead of failing with "database is locked".
@@ -31,6 +33,10 @@ _SQLITE_PRAGMAS = (
     # Deleted and overwritten content is zeroed, not left in free space: forgetting a user
     # (store/erasure.py) must leave no byte of theirs in the file.
     "PRAGMA secure_delete=ON",
+    # Each connection's page cache, in KiB (SQLite's default is 2,000): a worker holds one
+    # connection per activity thread to each file, and their caches fill with the pages of
+    # every user they touch; past this, reads come from the OS's file cache, not the heap.
+    f"PRAGMA cache_size=-{SQLITE_CACHE_KIB}",
 )
 
 
