@@ -54,13 +54,15 @@ CONCURRENCY = 10
 
 
 def rss_mib(pid: int) -> dict[str, float]:
-    """Current (VmRSS) and peak (VmHWM) resident memory of a process, in MiB."""
+    """Current (VmRSS) and peak (VmHWM) resident memory of a process, and of the current the
+    part that is the heap and other anonymous memory (RssAnon), in MiB; the rest is mostly
+    the code of the libraries mapped (RssFile)."""
     found = {}
     for line in Path(f"/proc/{pid}/status").read_text(encoding="utf-8").splitlines():
         key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
+        if key in ("VmRSS", "VmHWM", "RssAnon"):
             found[key] = int(value.split()[0]) / 1024
-    return {"rss": found["VmRSS"], "peak": found["VmHWM"]}
+    return {"rss": found["VmRSS"], "peak": found["VmHWM"], "anon": found["RssAnon"]}
 
 
 def _populate(settings: Settings, users: int, active: int) -> None:
@@ -155,7 +157,8 @@ async def _measure(
     for stage, work in stages:
         await work
         found[stage] = rss_mib(process.pid)["rss"]
-    found["peak"] = rss_mib(process.pid)["peak"]
+    last = rss_mib(process.pid)
+    found["peak"], found["anon_at_end"] = last["peak"], last["anon"]
     print(f"{name:<5} worker RSS MiB: " + ", ".join(f"{k} {v:.1f}" for k, v in found.items()))
     return found
 
@@ -169,8 +172,12 @@ def rss():
 steps = {"python": rss()}
 import temporalio.client, temporalio.worker
 steps["temporalio"] = rss()
+import anthropic
+steps["anthropic SDK"] = rss()
+import numpy, sqlalchemy, sqlmodel, git
+steps["numpy, SQLAlchemy, SQLModel, GitPython"] = rss()
 from durable_memory.workers import worker
-steps["our modules (anthropic, numpy, sqlalchemy, GitPython...)"] = rss()
+steps["our modules"] = rss()
 from durable_memory.memory.core.tokens import count_tokens
 count_tokens("x")
 steps["tokenizer (cl100k)"] = rss()

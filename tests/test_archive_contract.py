@@ -242,7 +242,7 @@ def test_writes_from_another_process_invalidate_the_vector_cache(tmp_path: Path)
     import sys
 
     path = tmp_path / "a.db"
-    store = SqliteArchive(path, default_embedder())
+    store = SqliteArchive(path, default_embedder(), cache_min_rows=0)  # one passage, kept
     store.insert(
         NewPassage(user_id="alice", text="first passage about tea", source=PassageSource.AGENT)
     )
@@ -265,7 +265,9 @@ def test_the_vector_cache_is_bounded_and_eviction_changes_no_result(tmp_path: Pa
     """Vectors stay in memory for the users searched most recently, within a byte budget."""
     embedder = default_embedder()
     one_user = len(CORPUS) * embedder.dim * 4  # its vectors; its entry holds a little more
-    store = SqliteArchive(tmp_path / "a.db", embedder, cache_bytes=one_user * 5 // 2)  # two
+    store = SqliteArchive(  # room for two users, each kept however few passages they have
+        tmp_path / "a.db", embedder, cache_bytes=one_user * 5 // 2, cache_min_rows=0
+    )
     users = ["ann", "bob", "cyd"]
     for user in users:
         _fill(store, user)

@@ -104,13 +104,15 @@ def test_a_vector_cache_entry_counts_every_array_and_shares_equal_tags() -> None
 
 def test_the_vector_cache_evicts_the_least_recently_searched_past_its_bound() -> None:
     one = _vectors(10).nbytes
-    cache = VectorCache(max_bytes=2 * one)
+    cache = VectorCache(max_bytes=2 * one, min_rows=10)
     for user in ("ann", "bob"):
         cache.put(user, _vectors(10))
     assert cache.get("ann", 1) is not None  # ann searched again: bob is now the oldest
     cache.put("cyd", _vectors(10))
     assert cache.users() == ["ann", "cyd"]
     cache.put("dan", _vectors(100))  # larger than the bound: kept alone
+    assert cache.users() == ["dan"]
+    cache.put("eve", _vectors(9))  # cheaper to reload than to keep: not kept
     assert cache.users() == ["dan"]
 
 

@@ -26,7 +26,12 @@ from durable_memory.memory.archive.protocol import (
     missing_chunks,
     relative_score_fusion,
 )
-from durable_memory.memory.archive.vector_cache import VECTOR_CACHE_BYTES, UserVectors, VectorCache
+from durable_memory.memory.archive.vector_cache import (
+    MIN_CACHED_ROWS,
+    VECTOR_CACHE_BYTES,
+    UserVectors,
+    VectorCache,
+)
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.erasure import truncate_wal
 from durable_memory.memory.store.recall import fts_terms
@@ -97,12 +102,17 @@ class SqliteArchive:
     """ArchiveStore on a SQLite file."""
 
     def __init__(
-        self, path: str | Path, embedder: Embedder, *, cache_bytes: int = VECTOR_CACHE_BYTES
+        self,
+        path: str | Path,
+        embedder: Embedder,
+        *,
+        cache_bytes: int = VECTOR_CACHE_BYTES,
+        cache_min_rows: int = MIN_CACHED_ROWS,
     ) -> None:
         self.path = Path(path)
         self.embedder = embedder
         self._local = threading.local()
-        self._cache = VectorCache(cache_bytes)
+        self._cache = VectorCache(cache_bytes, cache_min_rows)
         with self._db() as db:
             PASSAGES_FTS.create(db, _TABLES)
             self._check_embedder(db)

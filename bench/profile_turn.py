@@ -1,0 +1,273 @@
+"""Where a turn's CPU goes in the worker: py-spy samples a real `dmem worker` process while it
+answers turns one after another (a message, one call to an instant scripted model, the
+reply), and the samples are drawn as a flame graph and summed by library and by turn step.
+
+py-spy (a dev dependency) reads the worker's memory through ptrace: run as root, or where
+/proc/sys/kernel/yama/ptrace_scope allows a process to trace its children. Only threads
+running at a sample count (py-spy leaves idle ones out), so the figures are CPU, not waits.
+
+    .venv/bin/python -m bench.profile_turn [--turns 200] [--rate 250]
+        [--out bench/results/profile_turn.json] [--image docs/images/turn-flamegraph.png]
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import matplotlib.pyplot as plt
+from matplotlib.patches import Rectangle
+
+from bench.common import bench_settings, describe, machine, model_server_process
+from bench.processes import stop_worker
+from durable_memory.bootstrap import stack_from_settings
+from durable_memory.client import MemoryClient
+from durable_memory.workers.dev_server import start_dev_server
+from tests.support.worker_process import spawn_worker
+
+USERS = 10
+"""Turns go round these users, so no one conversation grows long (bench/context_compile.py
+measures that)."""
+WARM_UP_TURNS = 20
+"""Run before sampling: each user's first turn creates their memory, the first turn of the
+process loads the tokenizer."""
+
+LIBRARIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ours", ("durable_memory/",)),
+    ("temporalio", ("temporalio/", "google/protobuf")),
+    ("anthropic SDK, httpx", ("anthropic/", "httpx", "httpcore", "h11/", "anyio/")),
+    ("pydantic", ("pydantic",)),
+    ("SQLAlchemy, sqlite3", ("sqlalchemy/", "sqlmodel/", "sqlite3/")),
+    ("GitPython, subprocess", ("git/", "gitdb/", "subprocess.py")),
+    ("tiktoken", ("tiktoken",)),
+)
+"""A frame's library, from the start of its file name as py-spy shortens it."""
+COLORS = {
+    "ours": "#4c72b0",
+    "temporalio": "#dd8452",
+    "anthropic SDK, httpx": "#55a868",
+    "pydantic": "#c44e52",
+    "SQLAlchemy, sqlite3": "#8172b3",
+    "GitPython, subprocess": "#937860",
+    "tiktoken": "#da8bc3",
+    "Python (stdlib)": "#b0b0b0",
+}
+STEPS = ("prepare_turn", "call_model", "run_tools", "finish_turn")
+"""The turn's activities (durable_memory/activities/turn.py), found by name in a stack."""
+THREAD_START = ("Thread._bootstrap", "Thread._bootstrap_inner", "Thread.run")
+"""Frames every thread's stack starts with, left out of the picture."""
+
+Stack = tuple[str, ...]
+
+
+def library(frame: str) -> str:
+    """`name (file:line)` -> the library the file belongs to."""
+    file = frame[frame.rfind("(") + 1 :]
+    for name, prefixes in LIBRARIES:
+        if file.startswith(prefixes):
+            return name
+    return "Python (stdlib)"
+
+
+def read_stacks(raw: Path) -> Counter[Stack]:
+    """py-spy's raw output (`frame;frame;... count`, outermost first) as counts per stack."""
+    stacks: Counter[Stack] = Counter()
+    for line in raw.read_text(encoding="utf-8").splitlines():
+        path, _, count = line.rpartition(" ")
+        frames = tuple(path.split(";"))
+        while frames and frames[0].split(" ")[0] in THREAD_START:
+            frames = frames[1:]
+        if frames:
+            stacks[frames] += int(count)
+    return stacks
+
+
+def step_of(stack: Stack) -> str:
+    """Which part of the worker's work a sample is in."""
+    for frame in stack:
+        name = frame.split(" ")[0].rsplit(".", 1)[-1]
+        if name in STEPS:
+            return f"activity {name}"
+    files = " ".join(stack)
+    if "_workflow_instance" in files or "workflow_sandbox" in files:
+        return "workflow tasks (the sandboxed TurnWorkflow)"
+    if "temporalio/" in files:
+        return "Temporal worker, other (polling, completing tasks)"
+    return "other"
+
+
+def shares(counts: Iterable[tuple[str, int]], total: int) -> dict[str, float]:
+    summed: Counter[str] = Counter()
+    for key, count in counts:
+        summed[key] += count
+    return {key: round(100 * count / total, 1) for key, count in summed.most_common()}
+
+
+def summarize(stacks: Counter[Stack]) -> dict[str, Any]:
+    """Shares of the samples (percent): by library of the innermost frame (where the CPU
+    is spent), by step (inclusive), and the functions with most samples of their own."""
+    total = sum(stacks.values())
+    return {
+        "samples": total,
+        "by_library_self_pct": shares(((library(s[-1]), n) for s, n in stacks.items()), total),
+        "by_step_pct": shares(((step_of(s), n) for s, n in stacks.items()), total),
+        "top_self_pct": dict(
+            list(shares(((s[-1], n) for s, n in stacks.items()), total).items())[:15]
+        ),
+    }
+
+
+@dataclass
+class Node:
+    count: int = 0
+    children: dict[str, "Node"] = field(default_factory=dict)
+
+
+def _tree(stacks: Counter[Stack]) -> Node:
+    root = Node()
+    for stack, count in stacks.items():
+        root.count += count
+        node = root
+        for frame in stack:
+            node = node.children.setdefault(frame, Node())
+            node.count += count
+    return root
+
+
+def _short(frame: str) -> str:
+    """`Class.method (package/module.py:12)` -> `Class.method (module.py)`."""
+    name, _, file = frame.partition(" (")
+    return f"{name} ({file.rstrip(')').rsplit(':', 1)[0].rsplit('/', 1)[-1]})"
+
+
+def draw_flame_graph(stacks: Counter[Stack], title: str, out: Path) -> None:
+    """A flame graph: the outermost frames at the bottom, each frame as wide as its share of
+    the samples, coloured by library; frames under 0.3% of the samples are left out."""
+    root = _tree(stacks)
+    boxes: list[tuple[float, int, float, str]] = []  # x, depth, width, frame
+
+    def place(node: Node, x: float, depth: int) -> None:
+        for frame, child in sorted(node.children.items(), key=lambda kv: -kv[1].count):
+            width = child.count / root.count
+            if width >= 0.003:
+                boxes.append((x, depth, width, frame))
+                place(child, x, depth + 1)
+            x += width
+
+    place(root, 0.0, 0)
+    depth = max(d for _, d, _, _ in boxes) + 1
+    fig, ax = plt.subplots(figsize=(18, 0.19 * depth + 1.6))
+    for x, d, width, frame in boxes:
+        ax.add_patch(
+            Rectangle(
+                (x, d), width, 0.92, facecolor=COLORS[library(frame)], edgecolor="white", lw=0.3
+            )
+        )
+        label = _short(frame)
+        room = int(width * 260)  # characters that fit at this figure width and font size
+        if room >= 6:
+            text = label if len(label) <= room else label[: room - 2] + ".."
+            ax.text(x + 0.002, d + 0.45, text, fontsize=5.5, va="center", clip_on=True)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, depth)
+    ax.set_yticks([])
+    ax.set_xlabel("share of the worker's CPU samples")
+    ax.set_title(title, fontsize=10)
+    handles = [Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
+    ax.legend(handles, list(COLORS), loc="upper right", fontsize=7, ncol=4)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    print(f"wrote {out}")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _py_spy() -> str:
+    found = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(found).exists():
+        raise SystemExit("py-spy is not installed: make setup (it is a dev dependency)")
+    return found
+
+
+async def _turns(client: MemoryClient, start: int, count: int) -> None:
+    for n in range(start, start + count):
+        await client.send_message(f"user{n % USERS:02d}", f"hello again, message {n}")
+
+
+async def profile(turns: int, rate: int, raw: Path) -> dict[str, Any]:
+    """Sample a worker through `turns` turns (after a warm-up) into `raw`."""
+    with tempfile.TemporaryDirectory() as tmp, model_server_process() as (model_url, _):
+        settings = bench_settings(Path(tmp) / "data", task_queue="bench-profile")
+        env = await start_dev_server(settings)
+        stack = stack_from_settings(settings)
+        client = MemoryClient(env.client, settings, stack)
+        worker = spawn_worker(settings, env.client.service_client.config.target_host, model_url)
+        try:
+            await _turns(client, 0, WARM_UP_TURNS)
+            sampling = ["--pid", str(worker.pid), "--rate", str(rate), "--nonblocking", "--gil"]
+            recorder = subprocess.Popen(
+                [_py_spy(), "record", *sampling, "--format", "raw", "--function", "-o", str(raw)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            await asyncio.sleep(1)  # py-spy attached
+            cpu = _cpu_seconds(worker.pid)
+            await _turns(client, WARM_UP_TURNS, turns)
+            cpu_ms = (_cpu_seconds(worker.pid) - cpu) * 1000 / turns
+            recorder.send_signal(signal.SIGINT)  # py-spy writes its output and exits
+            _, err = recorder.communicate(timeout=60)
+            if recorder.returncode != 0 or not raw.exists():
+                raise SystemExit(f"py-spy failed (ptrace not allowed here?):\n{err}")
+        finally:
+            stop_worker(worker)
+            stack.close()
+            await env.shutdown()
+    return {"turns": turns, "rate_hz": rate, "worker_cpu_ms_per_turn": round(cpu_ms, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--rate", type=int, default=250, help="samples per second")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/profile_turn.json"))
+    parser.add_argument("--image", type=Path, default=Path("docs/images/turn-flamegraph.png"))
+    args = parser.parse_args()
+    matplotlib.use("Agg")
+    info = machine()
+    print(f"machine: {describe(info)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "stacks.txt"
+        run = asyncio.run(profile(args.turns, args.rate, raw))
+        stacks = read_stacks(raw)
+    results = {"machine": info, **run, **summarize(stacks)}
+    print(json.dumps({k: v for k, v in results.items() if k != "machine"}, indent=1))
+    args.out.write_text(json.dumps(results, indent=1), encoding="utf-8")
+    args.image.parent.mkdir(parents=True, exist_ok=True)
+    draw_flame_graph(
+        stacks,
+        f"dmem worker, {args.turns} turns one after another (each: one instant scripted model "
+        f"call, no tool): {run['worker_cpu_ms_per_turn']} ms of worker CPU per turn, "
+        f"{results['samples']} samples by py-spy",
+        args.image,
+    )
+
+
+if __name__ == "__main__":
+    main()
