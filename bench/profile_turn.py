@@ -8,7 +8,7 @@ running at a sample count (py-spy leaves idle ones out), so the figures are CPU,
 
     .venv/bin/python -m bench.profile_turn [--turns 200] [--rate 250]
         [--out bench/results/profile_turn.json] [--image docs/images/turn-flamegraph.png]
-        [--stacks bench/results/profile_turn_stacks.txt]
+        [--stacks FILE]
 """
 
 import argparse
@@ -252,15 +252,16 @@ def main() -> None:
     parser.add_argument(
         "--stacks",
         type=Path,
-        default=Path("bench/results/profile_turn_stacks.txt"),
-        help="py-spy's samples, one stack a line (flamegraph.pl and speedscope read them)",
+        help="keep py-spy's samples here, one stack a line (flamegraph.pl, speedscope read them)",
     )
     args = parser.parse_args()
     matplotlib.use("Agg")
     info = machine()
     print(f"machine: {describe(info)}")
-    run = asyncio.run(profile(args.turns, args.rate, args.stacks))
-    stacks = read_stacks(args.stacks)
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = args.stacks or Path(tmp) / "stacks.txt"
+        run = asyncio.run(profile(args.turns, args.rate, raw))
+        stacks = read_stacks(raw)
     results = {"machine": info, **run, **summarize(stacks)}
     print(json.dumps({k: v for k, v in results.items() if k != "machine"}, indent=1))
     args.out.write_text(json.dumps(results, indent=1), encoding="utf-8")
