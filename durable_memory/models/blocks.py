@@ -109,6 +109,15 @@ class ModelSettings(BaseModel):
     """The TTL of the prompt-cache breakpoints each request carries ("off": none). 1 hour
     costs 2x per cache write instead of 1.25x, and pays when turns are more than 5 minutes
     apart (docs/context-and-tools.md)."""
+    memory_delta: bool = True
+    """Keep the system prompt's memory blocks as they were at the prompt base and send the
+    blocks changed since as a memory update in the newest user turn, until re-compiling is
+    cheap (the cache is cold, a new summary) or the update too large; False: every turn
+    shows HEAD's blocks in the system prompt, so an approval rewrites the cached conversation
+    (docs/context-and-tools.md#the-prompt-base-and-the-memory-update)."""
+    memory_delta_max_share: float = Field(default=0.5, gt=0.0)
+    """The memory update may take at most this share of the system prompt's memory blocks'
+    tokens; a larger one moves the base to HEAD (re-compiles the blocks)."""
 
 
 class ToolSet(StrEnum):

@@ -25,6 +25,18 @@ class ContextWindowOverview(BaseModel):
     recall_message_count: int
     archival_passage_count: int
     summarized_through_message_id: int
+    memory_update_tokens: int = 0
+    """The memory update (blocks changed since the base), sent with the turn note."""
+
+
+class PromptBase(BaseModel):
+    """What a user's cached system prompt was compiled from: the commit whose memory blocks it
+    shows, and the last message the conversation summary covered then (0: none)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    commit: str
+    summarized_through_message_id: int
 
 
 class CompiledContext(BaseModel):
@@ -38,6 +50,12 @@ class CompiledContext(BaseModel):
     turn_note: str = ""
     """What changes every turn (the memory metadata): sent as the last block of the newest
     user turn, after the cached prefix."""
+    memory_update: str = ""
+    """The blocks changed since `memory_base`, their current text: sent before the turn note,
+    after the cached prefix. Empty when the system prompt shows HEAD's blocks."""
+    memory_base: str | None = None
+    """The commit whose blocks the system prompt shows (None: a context stored before bases
+    were kept). The turn's prompt base (memory/store/prompt_bases.py) moves to it."""
     messages: list[ChatMessage]
     tools: list[dict[str, Any]]
     overview: ContextWindowOverview

@@ -16,16 +16,23 @@ same bytes. docs/context-and-tools.md has the breakpoints and what invalidates w
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.core.formats import escape_prompt_text, render_memory
 from durable_memory.memory.core.tokens import count_tokens, count_tokens_cached
+from durable_memory.memory.service.access import Block
 from durable_memory.memory.service.blocks import Blocks
 from durable_memory.memory.service.review import Review
+from durable_memory.memory.store.prompt_bases import PromptBaseStore
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.summaries import SummaryStore
-from durable_memory.models.context import CompiledContext, ContextWindowOverview
+from durable_memory.memory.store.turns import TurnStore
+from durable_memory.models.blocks import ModelSettings
+from durable_memory.models.context import CompiledContext, ContextWindowOverview, PromptBase
 from durable_memory.models.llm import (
+    CACHE_TTL_SECONDS,
     CacheControl,
     CacheTTL,
     ChatMessage,
@@ -45,6 +52,9 @@ MESSAGE_OVERHEAD_TOKENS = 4
 
 TURN_NOTE_START = "<memory_metadata>"
 """How the turn note begins: the block after the user's own text in the newest user turn."""
+MEMORY_UPDATE_START = "<memory_update>"
+"""How the memory update begins: the block before the turn note, when blocks changed since
+the prompt base."""
 
 Summarizer = Callable[[Sequence[RecallMessage], str | None], str]
 """(messages to fold in, previous summary) -> new summary. In production: a model call."""
@@ -156,10 +166,15 @@ def compile_context(
     archival_count: int = 0,
     overflow_share: float = DEFAULT_OVERFLOW_SHARE,
     summarizer: Summarizer | None = None,
+    base: PromptBase | None = None,
 ) -> CompiledContext:
     """Compile the context; if messages push it past `overflow_share` of the window and a
-    summarizer is given, fold the oldest messages into the summary first."""
-    context = _compile(sources, user_id, tools, archival_count)
+    summarizer is given, fold the oldest messages into the summary first.
+
+    The system prompt shows the memory blocks at `base` (the user's prompt base, None: at
+    HEAD), and the blocks changed since come as the memory update, unless the base moves to
+    HEAD here (`_memory_parts` says when); `memory_base` says where the blocks are from."""
+    context = _compile(sources, user_id, tools, archival_count, base)
     window = sources.blocks.profile(user_id).model.context_window
     if summarizer is None or context.overview.total_tokens <= overflow_share * window:
         return context
@@ -172,7 +187,7 @@ def compile_context(
         return context
     folded = messages[:cut]
     sources.summaries.add(user_id, folded[-1].id, summarizer(folded, previous))
-    return _compile(sources, user_id, tools, archival_count)
+    return _compile(sources, user_id, tools, archival_count, base)
 
 
 def _summary(summaries: SummaryStore, user_id: str) -> tuple[int, str | None]:
@@ -180,18 +195,80 @@ def _summary(summaries: SummaryStore, user_id: str) -> tuple[int, str | None]:
     return (latest[0], latest[1]) if latest else (0, None)
 
 
+def _rendered(blocks: dict[str, Block]) -> str:
+    return render_memory({b.label: (b.spec, b.fields) for b in blocks.values()})
+
+
+def _memory_update(changed: dict[str, Block]) -> str:
+    """The blocks changed since the prompt base, with their current text, saying that it
+    replaces the system prompt's: the model is never left believing the older text."""
+    return "\n".join(
+        [
+            MEMORY_UPDATE_START,
+            f"Your memory changed after this conversation's system prompt was compiled (an "
+            f"approved edit, or a person's edit): the current text of the changed blocks "
+            f"({', '.join(changed)}) is below, and it replaces what <memory_blocks> in the "
+            f"system prompt shows for them. The other blocks there are current.",
+            _rendered(changed),
+            "</memory_update>",
+        ]
+    )
+
+
+def _memory_parts(
+    blocks: Blocks,
+    user_id: str,
+    settings: ModelSettings,
+    head: dict[str, Block],
+    base: PromptBase | None,
+    summarized_through: int,
+) -> tuple[str, str, str | None]:
+    """(the system prompt's memory blocks, the memory update, the commit they show).
+
+    They show the base's blocks, and the update carries the blocks changed since, unless the
+    base moves to HEAD: when there is none or the caller let it go (the cache is cold), when
+    the profile turns the update off or caches nothing, when a new summary rewrote the
+    conversation anyway (its cached prefix is written again, so the blocks cost little more),
+    or when the update would pass `memory_delta_max_share` of the blocks' tokens."""
+    head_commit = next(iter(head.values())).sha if head else None
+    current = _rendered(head)
+    if (
+        base is None
+        or not settings.memory_delta
+        or settings.cache_ttl == "off"
+        or base.commit == head_commit
+        or base.summarized_through_message_id != summarized_through
+    ):
+        return current, "", head_commit
+    try:
+        at_base = blocks.read_blocks(user_id, at=base.commit)
+    except (DurableMemoryError, ValueError):
+        # A commit this history no longer has (git's ValueError), or one that today's
+        # profile cannot read: nothing to build on.
+        return current, "", head_commit
+    changed = {label: b for label, b in head.items() if b.fields != at_base[label].fields}
+    if not changed:  # the same blocks: the same bytes at HEAD
+        return current, "", head_commit
+    shown, update = _rendered(at_base), _memory_update(changed)
+    if count_tokens(update) > settings.memory_delta_max_share * count_tokens(shown):
+        return current, "", head_commit
+    return shown, update, base.commit
+
+
 def _compile(
     sources: ContextSources,
     user_id: str,
     tools: list[dict[str, Any]],
     archival_count: int,
+    base: PromptBase | None,
 ) -> CompiledContext:
     profile = sources.blocks.profile(user_id)
-    blocks = sources.blocks.read_blocks(user_id)
-    core = render_memory({b.label: (b.spec, b.fields) for b in blocks.values()})
+    after, summary = _summary(sources.summaries, user_id)
+    core, update, memory_base = _memory_parts(
+        sources.blocks, user_id, profile.model, sources.blocks.read_blocks(user_id), base, after
+    )
     recall_count = sources.recall.count(user_id)
     metadata = _metadata(sources, user_id, archival_count, recall_count)
-    after, summary = _summary(sources.summaries, user_id)
     summary_text = (
         f"<conversation_summary>\n{escape_prompt_text(summary)}\n</conversation_summary>"
         if summary
@@ -204,6 +281,7 @@ def _compile(
     tokens = {
         "system": count_tokens_cached(instructions),
         "core": count_tokens(core),
+        "update": count_tokens(update),
         "metadata": count_tokens(metadata),
         "summary": count_tokens(summary_text),
         "messages": sum(message_tokens(m) for m in recent),
@@ -215,6 +293,8 @@ def _compile(
         system="\n\n".join(sections),
         system_sections=sections,
         turn_note=metadata,
+        memory_update=update,
+        memory_base=memory_base,
         messages=messages,
         tools=tools,
         last_message_id=recent[-1].id if recent else after,
@@ -232,8 +312,38 @@ def _compile(
             recall_message_count=recall_count,
             archival_passage_count=archival_count,
             summarized_through_message_id=after,
+            memory_update_tokens=tokens["update"],
         ),
     )
+
+
+def warm_base(
+    bases: PromptBaseStore,
+    turns: TurnStore,
+    user_id: str,
+    settings: ModelSettings,
+    now: datetime,
+) -> PromptBase | None:
+    """The user's prompt base while the prompt cache may still hold it; None (move it to
+    HEAD) once the user's last model call is older than the profile's cache TTL: the next
+    request writes everything again anyway. (The reply's time stands for the call's, which
+    began a little earlier: a call that took longer than the gap left to the TTL leaves the
+    base one turn longer than a cold cache needed.)"""
+    last = turns.last_reply_at(user_id)
+    ttl = CACHE_TTL_SECONDS.get(settings.cache_ttl)
+    if last is None or ttl is None or (now - last).total_seconds() > ttl:
+        return None
+    return bases.get(user_id)
+
+
+def keep_base(bases: PromptBaseStore, user_id: str, context: CompiledContext) -> None:
+    """Move the user's prompt base to what a turn's stored context was compiled from."""
+    if context.memory_base is not None:
+        base = PromptBase(
+            commit=context.memory_base,
+            summarized_through_message_id=context.overview.summarized_through_message_id,
+        )
+        bases.move(user_id, base)
 
 
 def _with_marker(message: ChatMessage, marker: CacheControl) -> ChatMessage:
@@ -248,14 +358,16 @@ def model_request(
     context: CompiledContext, continuation: Sequence[ChatMessage], ttl: CacheTTL | None
 ) -> ModelRequest:
     """One model call of a turn: the turn's compiled context, the messages its earlier steps
-    added (`continuation`), and the turn note at the end of the newest user turn.
+    added (`continuation`), and the memory update and the turn note at the end of the newest
+    user turn.
 
     With a `ttl`, cache breakpoints (at most 4, the API's limit) sit after the instructions
     (with the tools before them: stable until a deploy changes either), after the memory
     blocks and summary (until an approval or a summary changes them), after the turn's
     user message (for every later step of the turn), and after the conversation so far,
-    just before the turn note (what the next step and the next turn read). The note, sent
-    after the last breakpoint, is never written to the cache: it would never be read.
+    just before the memory update and the turn note (what the next step and the next turn
+    read). Those two, sent after the last breakpoint, are never written to the cache: the
+    next turn sends them at the end of another message, so it would never be read.
     A context stored before it had sections is sent as one system block."""
     sections = context.system_sections or [context.system]
     system = [TextBlock(text=text) for text in sections]
@@ -273,11 +385,11 @@ def model_request(
             messages[turn_start] = _with_marker(messages[turn_start], marker)
         if messages:
             messages[-1] = _with_marker(messages[-1], marker)
-    if context.turn_note:
-        note = TextBlock(text=context.turn_note)
+    tail = [TextBlock(text=text) for text in (context.memory_update, context.turn_note) if text]
+    if tail:
         if messages and messages[-1].role == "user":
             last = messages[-1]
-            messages[-1] = last.model_copy(update={"content": [*last.content, note]})
+            messages[-1] = last.model_copy(update={"content": [*last.content, *tail]})
         else:
-            messages.append(ChatMessage(role="user", content=[note]))
+            messages.append(ChatMessage(role="user", content=tail))
     return ModelRequest(system=system, messages=messages, tools=context.tools)

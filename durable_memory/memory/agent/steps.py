@@ -16,7 +16,8 @@ steps that rely on it.
 """
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Final, Protocol
 
 from durable_memory.faults import AFTER_MODEL_CALL, crash_point
@@ -24,17 +25,20 @@ from durable_memory.memory.agent.context import (
     ContextSources,
     Summarizer,
     compile_context,
+    keep_base,
     model_request,
     to_chat_messages,
+    warm_base,
 )
 from durable_memory.memory.agent.tool_specs import check_input_size, tool_definitions
 from durable_memory.memory.agent.tools import MemoryTools
 from durable_memory.memory.archive.protocol import ArchiveStore
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.core.limits import LimitExceeded, cut_text
+from durable_memory.memory.store.prompt_bases import PromptBaseStore
 from durable_memory.memory.store.turns import TurnStore
 from durable_memory.models.blocks import ModelSettings
-from durable_memory.models.context import CompiledContext
+from durable_memory.models.context import CompiledContext, PromptBase
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.limits import MAX_REPLY_TEXT_CHARS, MAX_TOOL_CALLS_PER_REPLY
 from durable_memory.models.llm import ChatMessage, ModelReply, TextBlock, ToolResultBlock
@@ -211,16 +215,19 @@ def turn_context(
     archive: ArchiveStore | None,
     user_id: str,
     summarizer: Summarizer | None = None,
+    base: PromptBase | None = None,
 ) -> CompiledContext:
     """The context a turn starts from: memory, recall and the tools the user's profile offers
-    (also what `dmem context` shows). With a summarizer, an overflowing context is summarised
-    first."""
+    (also what `dmem context` shows, with the blocks at HEAD). With a summarizer, an
+    overflowing context is summarised first; with a prompt base, blocks changed since it come
+    as the memory update (compile_context)."""
     return compile_context(
         sources,
         user_id,
         tool_definitions(sources.blocks.profile(user_id).tools),
         archival_count=archive.count(user_id) if archive is not None else 0,
         summarizer=summarizer,
+        base=base,
     )
 
 
@@ -234,12 +241,16 @@ class TurnSteps:
         tools: MemoryTools,
         model: ChatModel,
         turns: TurnStore,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.sources = sources
         self.archive = archive
         self.tools = tools
         self.model = model
         self.turns = turns
+        # The prompt base is turn bookkeeping: it lives in the turns' database.
+        self.bases = PromptBaseStore(turns.engine)
+        self.clock = clock
 
     def prepare(self, turn: TurnInput) -> PreparedTurn:
         """Record the user's message and compile the context (summarising on overflow)."""
@@ -260,8 +271,12 @@ class TurnSteps:
             self.archive,
             turn.user_id,
             summarizer=model_summarizer(self.model, profile.model),
+            base=warm_base(self.bases, self.turns, turn.user_id, profile.model, self.clock()),
         )
         context = self.turns.save_context(turn.user_id, turn.turn_id, context)
+        # After the context is stored: a retry of a step that died in between finds the
+        # stored context and moves the base to what it was compiled from.
+        keep_base(self.bases, turn.user_id, context)
         return PreparedTurn(
             total_tokens=context.overview.total_tokens,
             share_used=context.overview.share_used,

@@ -113,11 +113,12 @@ class Blocks:
         spec = self.spec(user_id, label)
         return Block(label, spec, self._access.read_at(user_id, label, sha), sha)
 
-    def read_blocks(self, user_id: str) -> dict[str, Block]:
-        """Every block of the user's profile, in profile order."""
+    def read_blocks(self, user_id: str, at: str | None = None) -> dict[str, Block]:
+        """Every block of the user's profile, in profile order, at commit `at` (default HEAD;
+        a block the commit lacks at its default)."""
         with self._access.git.transaction(user_id) as tx:
             return {
-                spec.label: Block(spec.label, spec, self._access.parse(tx, spec), tx.head)
+                spec.label: Block(spec.label, spec, self._access.parse(tx, spec, at), at or tx.head)
                 for spec in self._access.profile_in(tx).blocks
             }
 

@@ -34,6 +34,7 @@ USER_TABLES = (
     "user_turn_steps",
     "rotation_state",
     "user_data_keys",
+    "prompt_bases",
     "users",
 )
 """Every table keyed by a user (`user_id`), the list of who has memory (`users`) last: a

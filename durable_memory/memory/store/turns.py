@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Table, event, inspect, text
-from sqlmodel import Field, Session, SQLModel, col, select
+from sqlmodel import Field, Session, SQLModel, col, func, select
 
 from durable_memory.models.context import CompiledContext
 from durable_memory.models.llm import ModelReply, TokenUsage
@@ -121,6 +121,18 @@ class TurnStore:
             ).all()
         usage = sum((ModelReply.model_validate_json(r.reply).usage for r in rows), TokenUsage())
         return newest.turn_id, usage
+
+    def last_reply_at(self, user_id: str) -> datetime | None:
+        """When the user's newest model reply was stored (in UTC), None before the first: how
+        long the prompt cache has gone unread (memory/agent/context.py)."""
+        with Session(self.engine) as session:
+            newest = session.exec(
+                select(func.max(TurnStepRow.created_at)).where(TurnStepRow.user_id == user_id)
+            ).first()
+        if newest is None:
+            return None
+        # SQLite gives back a naive datetime (what was stored was in UTC).
+        return newest if newest.tzinfo else newest.replace(tzinfo=UTC)
 
     def save_reply(self, user_id: str, turn_id: str, step: int, reply: ModelReply) -> ModelReply:
         """Keep the first reply stored for a step of a user's turn."""
