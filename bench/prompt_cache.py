@@ -1,13 +1,18 @@
 """What a conversation's input costs with Anthropic's prompt cache: 40 turns of the
 essay-coach profile (a tool call every 3rd turn, an approved memory edit every 5th), in
-input-token equivalents per turn, for three layouts of the same requests:
+input-token equivalents per turn. The conversation runs twice, with the same script: with
+the memory update (the profile's default: the system prompt keeps the prompt base's blocks,
+blocks changed since come before the turn note) and without it (`memory_delta = false`:
+every turn shows HEAD's blocks in the system prompt). Priced:
 
-- uncached: main's layout before this benchmark's change (the per-turn metadata inside the
-  system prompt, no breakpoints): every input token at 1x;
-- cached: this layout (memory/agent/context.py, `model_request`), priced from the usage the
-  scripted server reports by Anthropic's documented caching rules (scripted_model.py);
-- floor: each request's new tokens (those after its longest prefix shared with any earlier
-  request) written once at the write price, everything before them read.
+- uncached: main's layout before prompt caching (the per-turn metadata inside the system
+  prompt, no breakpoints), made from the second run's requests: every input token at 1x;
+- per_turn: the second run as sent, priced from the usage the scripted server reports by
+  Anthropic's documented caching rules (scripted_model.py);
+- cached: the first run as sent (memory/agent/context.py, `model_request`), priced the same;
+- floor: each block of the second run's requests (a tool, a system block, a message's
+  content block) that an earlier request had read, every other block written once;
+- prefix_floor: every prefix of the first run's requests an earlier request had read.
 
 Tokens are the local estimate (cl100k), the same for all three; the prices are the
 configured cost factors (Anthropic's: write 1.25x, read 0.1x).
@@ -26,9 +31,10 @@ from typing import Any
 from bench.common import describe, machine
 from bench.context_compile import WORDS
 from durable_memory.bootstrap import MemoryStack, open_stack
-from durable_memory.memory.agent.context import TURN_NOTE_START
+from durable_memory.memory.agent.context import MEMORY_UPDATE_START, TURN_NOTE_START
 from durable_memory.memory.agent.llm import AnthropicModel
 from durable_memory.memory.agent.steps import TurnSteps
+from durable_memory.memory.core.profiles import load_profile
 from durable_memory.models.llm import CostFactors, TokenUsage
 from durable_memory.models.turn import FinishInput, StepInput, TurnInput
 from durable_memory.scripted_model import ScriptedModelServer, cache_blocks
@@ -61,11 +67,13 @@ def _replies(turn: int, rng: random.Random) -> list[dict[str, Any]]:
 
 def _main_layout(body: dict[str, Any]) -> dict[str, Any]:
     """The same request as main laid it out: the turn note back inside the system prompt
-    (after the memory blocks, before the summary), no breakpoints."""
+    (after the memory blocks, before the summary), no breakpoints. From a request without a
+    memory update, whose system prompt shows HEAD's blocks."""
     messages = [dict(m) for m in body["messages"]]
     last = messages[-1]["content"]
     note = last[-1]["text"]
     assert note.startswith(TURN_NOTE_START)
+    assert not any(b.get("text", "").startswith(MEMORY_UPDATE_START) for b in last)
     messages[-1]["content"] = last[:-1]
     if not messages[-1]["content"]:
         messages.pop()
@@ -129,12 +137,15 @@ def _turn(steps: TurnSteps, turn: int, message: str) -> tuple[list[TokenUsage], 
     return usage, diffs
 
 
-def run(turns: int, factors: CostFactors, seed: int = 19) -> dict[str, Any]:
+def _conversation(turns: int, memory_delta: bool, seed: int) -> list[dict[str, Any]]:
+    """Each turn's requests and usage, with the prompt base's memory update or without."""
     rng = random.Random(seed)
-    floor = Floor(factors)
-    rows: list[dict[str, Any]] = []
+    essay_coach = load_profile("essay_coach")
+    model_settings = essay_coach.model.model_copy(update={"memory_delta": memory_delta})
+    profile = essay_coach.model_copy(update={"model": model_settings})
+    out: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp, ScriptedModelServer([]) as server:
-        stack: MemoryStack = open_stack(Path(tmp), profile="essay_coach")
+        stack: MemoryStack = open_stack(Path(tmp), profile=profile)
         stack.blocks.ensure_user(USER)
         model = AnthropicModel(base_url=server.url)
         try:
@@ -143,28 +154,46 @@ def run(turns: int, factors: CostFactors, seed: int = 19) -> dict[str, Any]:
                 server.extend(_replies(turn, rng))
                 before = len(server.requests)
                 usage, diffs = _turn(steps, turn, _prose(rng, rng.randint(30, 90)))
-                requests = server.requests[before:]
                 for diff in diffs:  # a person approves the edit before the next turn
                     stack.review.approve(diff, "reviewer", user_id=USER)
-                total = sum(usage, TokenUsage())
-                floors = [floor.cost(r) for r in requests]
-                rows.append(
+                context = stack.turns.context(USER, f"t{turn:03d}")
+                out.append(
                     {
-                        "turn": turn,
-                        "requests": len(requests),
+                        "requests": server.requests[before:],
+                        "usage": sum(usage, TokenUsage()),
                         "approved_edits": len(diffs),
-                        "input_tokens": total.total_input_tokens,
-                        "uncached": float(sum(_tokens(_main_layout(r)) for r in requests)),
-                        "cached": total.input_equivalents(factors),
-                        "floor": sum(f[0] for f in floors),
-                        "prefix_floor": sum(f[1] for f in floors),
-                        "usage": total.model_dump(),
+                        "memory_update_tokens": context.overview.memory_update_tokens,
                     }
                 )
         finally:
             model.close()
             stack.close()
-    kinds = ("uncached", "cached", "floor", "prefix_floor")
+    return out
+
+
+def run(turns: int, factors: CostFactors, seed: int = 19) -> dict[str, Any]:
+    floor, delta_floor = Floor(factors), Floor(factors)
+    rows: list[dict[str, Any]] = []
+    with_update = _conversation(turns, True, seed)
+    per_turn = _conversation(turns, False, seed)
+    for turn, (new, old) in enumerate(zip(with_update, per_turn, strict=True), start=1):
+        total: TokenUsage = new["usage"]
+        rows.append(
+            {
+                "turn": turn,
+                "requests": len(new["requests"]),
+                "approved_edits": new["approved_edits"],
+                "memory_update_tokens": new["memory_update_tokens"],
+                "input_tokens": total.total_input_tokens,
+                "uncached": float(sum(_tokens(_main_layout(r)) for r in old["requests"])),
+                "per_turn": old["usage"].input_equivalents(factors),
+                "cached": total.input_equivalents(factors),
+                "floor": sum(floor.cost(r)[0] for r in old["requests"]),
+                "prefix_floor": sum(delta_floor.cost(r)[1] for r in new["requests"]),
+                "usage": total.model_dump(),
+            }
+        )
+    kinds = ("uncached", "per_turn", "cached", "floor", "prefix_floor")
     totals = {key: sum(r[key] for r in rows) for key in kinds}
     return {
         "turns": rows,
@@ -173,6 +202,8 @@ def run(turns: int, factors: CostFactors, seed: int = 19) -> dict[str, Any]:
         "cached_over_floor": totals["cached"] / totals["floor"],
         "cached_over_prefix_floor": totals["cached"] / totals["prefix_floor"],
         "cached_over_uncached": totals["cached"] / totals["uncached"],
+        "per_turn_over_floor": totals["per_turn"] / totals["floor"],
+        "per_turn_over_uncached": totals["per_turn"] / totals["uncached"],
         "uncached_over_floor": totals["uncached"] / totals["floor"],
         "cost_factors": factors.model_dump(),
     }
@@ -189,11 +220,14 @@ def main() -> None:
     t = results["totals"]
     print(
         f"{args.turns} turns, {results['requests']} requests, input-token equivalents: "
-        f"uncached {t['uncached']:.0f}, cached {t['cached']:.0f}, floor {t['floor']:.0f}; "
+        f"uncached {t['uncached']:.0f}, per-turn layout {t['per_turn']:.0f}, "
+        f"cached {t['cached']:.0f}, floor {t['floor']:.0f}; "
         f"cached/floor {results['cached_over_floor']:.2f} (goal <= 1.25), cached/prefix floor "
         f"{results['cached_over_prefix_floor']:.2f}, "
         f"cached/uncached {results['cached_over_uncached']:.2f} (goal <= 0.2), "
-        f"uncached/floor {results['uncached_over_floor']:.1f}"
+        f"uncached/floor {results['uncached_over_floor']:.1f}; per-turn layout: "
+        f"{results['per_turn_over_floor']:.2f}x floor, {results['per_turn_over_uncached']:.2f}x "
+        "uncached"
     )
     if args.out:
         args.out.write_text(json.dumps({"machine": info, **results}, indent=1), encoding="utf-8")

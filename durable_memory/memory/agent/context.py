@@ -205,10 +205,10 @@ def _memory_update(changed: dict[str, Block]) -> str:
     return "\n".join(
         [
             MEMORY_UPDATE_START,
-            f"Your memory changed after this conversation's system prompt was compiled (an "
-            f"approved edit, or a person's edit): the current text of the changed blocks "
-            f"({', '.join(changed)}) is below, and it replaces what <memory_blocks> in the "
-            f"system prompt shows for them. The other blocks there are current.",
+            "Your memory changed after this conversation's system prompt was compiled (an "
+            "approved edit, or a person's edit). Below is the current text of the blocks that "
+            f"changed ({', '.join(changed)}): it replaces what the system prompt's memory blocks "
+            "show for them. The other blocks there are current.",
             _rendered(changed),
             "</memory_update>",
         ]
