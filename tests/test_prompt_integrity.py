@@ -36,6 +36,7 @@ from durable_memory.memory.store.db import make_engine
 from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.models.archive import NewPassage, PassageSource
 from durable_memory.models.blocks import AgentProfile, BlockFields, BlockSpec, FieldType
+from durable_memory.models.context import PromptBase
 from durable_memory.models.diffs import Proposer
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.operations import AppendText
@@ -226,6 +227,61 @@ def test_compiled_system_prompt_parses_into_exactly_its_sections(
     metadata = note[0].text or ""
     items = [line for line in metadata.split("\n") if line.startswith("  - ")]
     assert items == [f"  - {diff.id}: {json.dumps(diff.summary, ensure_ascii=False)}"]
+
+
+# -- the memory update (blocks changed since the prompt base) ---------------------------------
+
+UPDATING = PROFILE.model_copy(
+    update={"model": PROFILE.model.model_copy(update={"memory_delta_max_share": 1000.0})}
+)
+"""With a bound no update passes: every change is shown as one."""
+
+
+@pytest.fixture(scope="module")
+def updating_stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MemoryRig, Engine]]:
+    root = tmp_path_factory.mktemp("update")
+    engine = make_engine(f"sqlite:///{root / 'm.db'}")
+    memory = memory_rig(engine, root / "data", UPDATING)
+    memory.blocks.ensure_user("alice")
+    yield memory, engine
+    engine.dispose()
+
+
+@settings(CASES, max_examples=10)
+@given(at_base=hostile_blocks(), at_head=hostile_blocks())
+def test_the_memory_update_parses_into_exactly_the_changed_blocks(
+    updating_stores: tuple[MemoryRig, Engine],
+    at_base: dict[str, tuple[BlockSpec, BlockFields]],
+    at_head: dict[str, tuple[BlockSpec, BlockFields]],
+) -> None:
+    memory, engine = updating_stores
+    for label, (_spec, fields) in at_base.items():
+        memory.edits.edit_block("alice", label, fields, ALICE)
+    base = memory.blocks.last_change("alice")
+    assert base is not None
+    for label, (_spec, fields) in at_head.items():
+        memory.edits.edit_block("alice", label, fields, ALICE)
+    context = compile_context(
+        memory.sources(SummaryStore(engine)),
+        "alice",
+        tool_definitions(),
+        base=PromptBase(commit=base.sha, summarized_through_message_id=0),
+    )
+    labels = [spec.label for spec in PROFILE.blocks]  # the order they are shown in
+    at_base = {label: at_base[label] for label in labels}
+    at_head = {label: at_head[label] for label in labels}
+    changed = {label: at_head[label] for label in labels if at_head[label] != at_base[label]}
+    root = parse_sections(context.system[len(PROFILE.persona.instructions) :])
+    if not changed:  # nothing to update: the blocks at HEAD are the base's
+        assert context.memory_update == ""
+        assert_blocks_round_trip(root[0], at_head)
+        return
+    assert_blocks_round_trip(root[0], at_base)
+    (update,) = parse_sections(context.memory_update)
+    assert update.tag == "memory_update"
+    (blocks,) = update
+    assert_blocks_round_trip(blocks, changed)
+    assert (update.text or "").strip().endswith("The other blocks there are current.")
 
 
 # -- tool results ----------------------------------------------------------------------------
