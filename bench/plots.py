@@ -125,7 +125,16 @@ def prompt_cache(cache: dict[str, Any], out: Path) -> None:
     edits = [r["turn"] for r in rows if r["approved_edits"]]
     fig, ax = plt.subplots(figsize=(9, 4))
     ax.plot(turns, [r["uncached"] for r in rows], "^-", color="tab:red", label="uncached")
-    ax.plot(turns, [r["cached"] for r in rows], "o-", color=OURS, label="cached (this layout)")
+    ax.plot(
+        turns,
+        [r["per_turn"] for r in rows],
+        "v-",
+        color="tab:gray",
+        label="cached, per-turn blocks",
+    )
+    ax.plot(
+        turns, [r["cached"] for r in rows], "o-", color=OURS, label="cached, memory update (this)"
+    )
     ax.plot(turns, [r["prefix_floor"] for r in rows], ":", color="black", label="prefix floor")
     ax.plot(turns, [r["floor"] for r in rows], "s--", color=FLOOR, label="floor")
     for turn in edits:

@@ -23,8 +23,8 @@ from durable_memory.memory.agent.context import (
 from durable_memory.memory.agent.steps import TurnSteps, turn_context
 from durable_memory.memory.agent.tool_specs import tool_definitions
 from durable_memory.memory.store.db import make_engine
-from durable_memory.memory.store.prompt_bases import PromptBaseStore
 from durable_memory.memory.store.summaries import SummaryStore
+from durable_memory.memory.store.turns import PromptBaseStore
 from durable_memory.models.context import PromptBase
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.llm import TokenUsage

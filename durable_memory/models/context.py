@@ -55,7 +55,7 @@ class CompiledContext(BaseModel):
     after the cached prefix. Empty when the system prompt shows HEAD's blocks."""
     memory_base: str | None = None
     """The commit whose blocks the system prompt shows (None: a context stored before bases
-    were kept). The turn's prompt base (memory/store/prompt_bases.py) moves to it."""
+    were kept). The turn's prompt base (PromptBaseStore, memory/store/turns.py) moves to it."""
     messages: list[ChatMessage]
     tools: list[dict[str, Any]]
     overview: ContextWindowOverview

@@ -7,10 +7,17 @@ editable by the agent), the memory blocks in Letta's rendering, the conversation
 older messages were summarised (these three are the system prompt's blocks), the messages
 (recall's messages after the summary), and last the turn note: the memory-metadata section
 (archival and recall counts, when memory last changed, the agent's own pending proposals),
-which changes every turn, as the last block of the newest user turn. Every text in a section
+which changes every turn, as the last block of the newest user turn. The system prompt shows
+the blocks at the user's prompt base; the blocks changed since (an approval) come as the
+memory update, before the turn note, so an approval does not rewrite the cached
+conversation; the base moves to HEAD when that is free or needed (`_memory_parts`,
+`warm_base`). Every text in a section
 is escaped (formats.escape_prompt_text): no block value, diff summary or summary can close or
 open a section. The output is a pure function of the stored state: compiling twice gives the
 same bytes. docs/context-and-tools.md has the breakpoints and what invalidates what.
+
+Over 300 lines because the layout's parts share one rule (same state, same bytes) and each
+decides what the next depends on: the memory parts, the sections, the request's markers.
 """
 
 import json
@@ -25,10 +32,9 @@ from durable_memory.memory.core.tokens import count_tokens, count_tokens_cached
 from durable_memory.memory.service.access import Block
 from durable_memory.memory.service.blocks import Blocks
 from durable_memory.memory.service.review import Review
-from durable_memory.memory.store.prompt_bases import PromptBaseStore
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.summaries import SummaryStore
-from durable_memory.memory.store.turns import TurnStore
+from durable_memory.memory.store.turns import PromptBaseStore, TurnStore
 from durable_memory.models.blocks import ModelSettings
 from durable_memory.models.context import CompiledContext, ContextWindowOverview, PromptBase
 from durable_memory.models.llm import (

@@ -35,8 +35,7 @@ from durable_memory.memory.agent.tools import MemoryTools
 from durable_memory.memory.archive.protocol import ArchiveStore
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.core.limits import LimitExceeded, cut_text
-from durable_memory.memory.store.prompt_bases import PromptBaseStore
-from durable_memory.memory.store.turns import TurnStore
+from durable_memory.memory.store.turns import PromptBaseStore, TurnStore
 from durable_memory.models.blocks import ModelSettings
 from durable_memory.models.context import CompiledContext, PromptBase
 from durable_memory.models.diffs import DiffStatus

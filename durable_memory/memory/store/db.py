@@ -7,7 +7,6 @@ from sqlmodel import SQLModel
 from durable_memory.memory.store import (  # noqa: F401
     diffs,
     erasure,
-    prompt_bases,
     recall,
     rotation_state,
     summaries,

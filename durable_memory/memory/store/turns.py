@@ -1,6 +1,7 @@
 """What a turn keeps between its Temporal activities: the compiled context and each model
 reply, stored by (user, turn, step) so that a retried activity reuses them instead of calling
-the model again (a retry must not change what the model said, nor pay for it twice).
+the model again (a retry must not change what the model said, nor pay for it twice); and
+what turns keep between them: each user's prompt base (below).
 
 Turn ids are chosen by callers, so every record is keyed by its user as well: two users who
 both send turn `t1` never see each other's context or replies.
@@ -19,7 +20,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine, Table, event, inspect, text
 from sqlmodel import Field, Session, SQLModel, col, func, select
 
-from durable_memory.models.context import CompiledContext
+from durable_memory.models.context import CompiledContext, PromptBase
 from durable_memory.models.llm import ModelReply, TokenUsage
 
 
@@ -146,3 +147,47 @@ class TurnStore:
             )
         )
         return reply if stored is None else ModelReply.model_validate_json(stored.reply)
+
+
+class PromptBaseRow(SQLModel, table=True):
+    __tablename__ = "prompt_bases"
+
+    user_id: str = Field(primary_key=True, max_length=64)
+    commit_sha: str = Field(max_length=64)
+    summarized_through_message_id: int = 0
+
+
+class PromptBaseStore:
+    """Each user's prompt base: the commit whose memory blocks the cached system prompt shows, and
+    how far the conversation summary reached then (memory/agent/context.py sends the blocks
+    changed since as the memory update). In the shared database, so every worker compiles the
+    same request from the same state. A turn moves it to the base its stored context used
+    (TurnSteps.prepare), after storing that context: a crash in between is repaired by the
+    retry, which finds the stored context and moves the base again."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def get(self, user_id: str) -> PromptBase | None:
+        with Session(self.engine) as session:
+            row = session.get(PromptBaseRow, user_id)
+        if row is None:
+            return None
+        return PromptBase(
+            commit=row.commit_sha, summarized_through_message_id=row.summarized_through_message_id
+        )
+
+    def move(self, user_id: str, base: PromptBase) -> None:
+        """Set the user's base (idempotent: a retry writes nothing new)."""
+        with Session(self.engine) as session:
+            row = session.get(PromptBaseRow, user_id)
+            if row is None:
+                row = PromptBaseRow(user_id=user_id, commit_sha=base.commit)
+            elif row.commit_sha == base.commit and (
+                row.summarized_through_message_id == base.summarized_through_message_id
+            ):
+                return
+            row.commit_sha = base.commit
+            row.summarized_through_message_id = base.summarized_through_message_id
+            session.add(row)
+            session.commit()
