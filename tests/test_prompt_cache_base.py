@@ -40,6 +40,12 @@ from tests.support.agent_helpers import (
 )
 from tests.support.memory import MemoryRig, memory_rig
 
+
+def create_engine_like(engine: Engine) -> Engine:
+    """Another process's engine on the same database."""
+    return make_engine(engine.url.render_as_string(hide_password=False))
+
+
 NOTE_EDIT = tool_use("core_memory_append", label="notes", content="Has a cat")
 ANN = Author(name="ann", kind=AuthorKind.USER)
 ROOMY = {"memory_delta_max_share": 4.0}
@@ -48,19 +54,19 @@ ROOMY = {"memory_delta_max_share": 4.0}
 Rig = tuple[MemoryRig, Engine, TurnSteps, ScriptedModelServer]
 
 
-def _memory(data: Path, **model: Any) -> tuple[MemoryRig, Engine]:
-    engine = make_engine(f"sqlite:///{data / 'm.db'}")
+def _memory(data: Path, engine: Engine | None, **model: Any) -> tuple[MemoryRig, Engine]:
+    engine = engine or make_engine(f"sqlite:///{data / 'm.db'}")
     memory = memory_rig(engine, data / "data", agent_test_profile(**model))
     memory.blocks.ensure_user("alice")
     return memory, engine
 
 
 @pytest.fixture
-def rig(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
-    memory, engine = _memory(tmp_path, **getattr(request, "param", ROOMY))
+def rig(tmp_path: Path, engine: Engine, request: pytest.FixtureRequest) -> Iterator[Rig]:
+    """On SQLite and PostgreSQL (conftest's `engine`): the base and the reply times are rows."""
+    memory, _ = _memory(tmp_path, engine, **getattr(request, "param", ROOMY))
     with scripted_steps(memory, engine, []) as (steps, server):
         yield memory, engine, steps, server
-    engine.dispose()
 
 
 def _turn(
@@ -185,7 +191,7 @@ def _conversation(memory: MemoryRig, turns: int) -> None:
 
 @pytest.mark.parametrize("window", [200_000, 4000])
 def test_a_new_summary_moves_the_base_in_the_same_turn(tmp_path: Path, window: int) -> None:
-    memory, engine = _memory(tmp_path, context_window=window, **ROOMY)
+    memory, engine = _memory(tmp_path, None, context_window=window, **ROOMY)
     _conversation(memory, 24)
     base = memory.blocks.last_change("alice")
     assert base is not None
@@ -208,12 +214,14 @@ def test_a_new_summary_moves_the_base_in_the_same_turn(tmp_path: Path, window: i
     engine.dispose()
 
 
-def test_two_workers_compile_the_same_request_from_the_same_state(tmp_path: Path) -> None:
+def test_two_workers_compile_the_same_request_from_the_same_state(
+    tmp_path: Path, engine: Engine
+) -> None:
     """Each worker opens its own engine and repository: the base comes from the database."""
-    memory, engine = _memory(tmp_path, **ROOMY)
+    memory, _ = _memory(tmp_path, engine, **ROOMY)
     with scripted_steps(memory, engine, []) as (steps, server):
         _approved_between_turns(memory, steps, server)
-    other, other_engine = _memory(tmp_path, **ROOMY)
+    other, other_engine = _memory(tmp_path, create_engine_like(engine), **ROOMY)
     requests = [
         model_request(
             turn_context(
@@ -226,7 +234,6 @@ def test_two_workers_compile_the_same_request_from_the_same_state(tmp_path: Path
     ]
     assert requests[0] == requests[1]
     assert MEMORY_UPDATE_START in requests[0]
-    engine.dispose()
     other_engine.dispose()
 
 

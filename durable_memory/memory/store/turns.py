@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine, Table, event, inspect, text
 from sqlmodel import Field, Session, SQLModel, col, func, select
 
+from durable_memory.memory.store.sql import utc
 from durable_memory.models.context import CompiledContext, PromptBase
 from durable_memory.models.llm import ModelReply, TokenUsage
 
@@ -130,10 +131,7 @@ class TurnStore:
             newest = session.exec(
                 select(func.max(TurnStepRow.created_at)).where(TurnStepRow.user_id == user_id)
             ).first()
-        if newest is None:
-            return None
-        # SQLite gives back a naive datetime (what was stored was in UTC).
-        return newest if newest.tzinfo else newest.replace(tzinfo=UTC)
+        return None if newest is None else utc(newest)
 
     def save_reply(self, user_id: str, turn_id: str, step: int, reply: ModelReply) -> ModelReply:
         """Keep the first reply stored for a step of a user's turn."""
