@@ -45,6 +45,7 @@ from durable_memory.client import MemoryClient
 from durable_memory.config import Settings
 from durable_memory.faults import AFTER_PUSH, BEFORE_PUSH, MID_COMMIT
 from durable_memory.gitserver.server import GitServer
+from durable_memory.memory.agent.context import MEMORY_UPDATE_START
 from durable_memory.memory.store.diffs import DiffStore
 from durable_memory.memory.store.git.remote import CLONES_DIR
 from durable_memory.models.diffs import DiffStatus
@@ -136,9 +137,19 @@ def respond(request: dict[str, Any]) -> dict[str, Any]:
     return {"content": [edit]}
 
 
-def system_text(request: dict[str, Any]) -> str:
+def memory_text(request: dict[str, Any]) -> str:
+    """What a request shows of memory: its system prompt and the memory update (blocks
+    changed since the user's prompt base) in its newest user turn."""
     system = request.get("system") or ""
-    return system if isinstance(system, str) else "".join(b.get("text", "") for b in system)
+    texts = [system] if isinstance(system, str) else [b.get("text", "") for b in system]
+    newest = request["messages"][-1].get("content")
+    if isinstance(newest, list):
+        texts += [
+            b["text"]
+            for b in newest
+            if b.get("type") == "text" and b["text"].startswith(MEMORY_UPDATE_START)
+        ]
+    return "".join(texts)
 
 
 async def bounded(call: Awaitable[T]) -> T:
@@ -297,7 +308,7 @@ async def fresh_host_serves_old_users(
         ):
             proof.problem(where, f"the remote's human block does not hold its last task {task!r}")
         turn = await proof.run_turn(user_id, "fresh", "approve", random.Random(proof.seed))
-        seen = [system_text(r) for r in model.requests if conversation_of(r) == (user_id, "fresh")]
+        seen = [memory_text(r) for r in model.requests if conversation_of(r) == (user_id, "fresh")]
         if not seen or any(f"[TASK] {task}" not in system for system in seen):
             proof.problem(where, f"host C's context does not hold the task {task!r}")
         runs = await activity_runs(proof.handle(turn))

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from durable_memory.memory.agent.context import TURN_NOTE_START
+from durable_memory.memory.agent.context import MEMORY_UPDATE_START, TURN_NOTE_START
 from durable_memory.memory.agent.llm import AnthropicModel
 from durable_memory.memory.agent.steps import ChatModel, TurnSteps, turn_reply
 from durable_memory.memory.agent.tools import MemoryTools
@@ -168,14 +168,15 @@ def run_scripted_turn(
 
 
 def said_texts(message: dict[str, Any]) -> list[str]:
-    """The text blocks of a recorded request's message as its speaker wrote them: the turn
-    note the context compiler adds to the newest user turn left out."""
+    """The text blocks of a recorded request's message as its speaker wrote them: the memory
+    update and the turn note the context compiler adds to the newest user turn left out."""
     content = message.get("content")
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
     return [
         b["text"]
         for b in blocks
-        if b.get("type") == "text" and not b["text"].startswith(TURN_NOTE_START)
+        if b.get("type") == "text"
+        and not b["text"].startswith((TURN_NOTE_START, MEMORY_UPDATE_START))
     ]
 
 
