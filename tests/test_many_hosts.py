@@ -116,8 +116,15 @@ def expected_reply(user_id: str, turn_id: str) -> str:
 
 def conversation_of(request: dict[str, Any]) -> tuple[str, str] | None:
     """The (user, turn) a model request belongs to: the last tag the user side of its
-    messages holds (the current message comes after the recalled ones)."""
-    said = [m for m in request["messages"] if m["role"] == "user"]
+    messages holds (the current message comes after the recalled ones), the memory update
+    left out (it quotes an earlier turn's task)."""
+    said = [
+        [b for b in m["content"] if not _is_memory_update(b)]
+        if isinstance(m["content"], list)
+        else m["content"]
+        for m in request["messages"]
+        if m["role"] == "user"
+    ]
     tags = TAG.findall(json.dumps(said, ensure_ascii=False))
     return (tags[-1][0], tags[-1][1]) if tags else None
 
@@ -137,6 +144,10 @@ def respond(request: dict[str, Any]) -> dict[str, Any]:
     return {"content": [edit]}
 
 
+def _is_memory_update(block: dict[str, Any]) -> bool:
+    return block.get("type") == "text" and block["text"].startswith(MEMORY_UPDATE_START)
+
+
 def memory_text(request: dict[str, Any]) -> str:
     """What a request shows of memory: its system prompt and the memory update (blocks
     changed since the user's prompt base) in its newest user turn."""
@@ -144,11 +155,7 @@ def memory_text(request: dict[str, Any]) -> str:
     texts = [system] if isinstance(system, str) else [b.get("text", "") for b in system]
     newest = request["messages"][-1].get("content")
     if isinstance(newest, list):
-        texts += [
-            b["text"]
-            for b in newest
-            if b.get("type") == "text" and b["text"].startswith(MEMORY_UPDATE_START)
-        ]
+        texts += [b["text"] for b in newest if _is_memory_update(b)]
     return "".join(texts)
 
 
