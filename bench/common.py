@@ -18,7 +18,7 @@ from typing import Any
 
 from durable_memory.config import MemorySettings, Settings, TemporalSettings
 from durable_memory.demo import free_port
-from durable_memory.memory.agent.context import TURN_NOTE_START
+from durable_memory.memory.agent.context import MEMORY_UPDATE_START, TURN_NOTE_START
 from durable_memory.scripted_model import ScriptedModelServer
 
 SEARCH = {
@@ -166,7 +166,8 @@ def endless_answer(body: dict[str, Any]) -> dict[str, Any]:
     said = " ".join(
         b["text"]
         for b in blocks
-        if b.get("type") == "text" and not b["text"].startswith(TURN_NOTE_START)
+        if b.get("type") == "text"
+        and not b["text"].startswith((TURN_NOTE_START, MEMORY_UPDATE_START))
     )
     return PROPOSAL if "propose" in said else SEARCH if "search" in said else {"text": "ok"}
 
