@@ -4,8 +4,9 @@ against the scripted server, which accounts usage by the documented caching rule
 Breakpoints sit after the instructions (tools before them), after the memory blocks, after
 the turn's user message and at the end of the conversation so far; the turn note (what
 changes every turn) comes after the last one. So a later step of a turn and the next turn
-read everything the previous request cached, and an approval invalidates from the blocks on
-only, once.
+read everything the previous request cached, and re-compiled blocks (an approval with
+per-turn blocks, or the prompt base moving: test_prompt_cache_base.py) invalidate from the
+blocks on only, once.
 """
 
 from collections.abc import Iterator
@@ -47,8 +48,8 @@ Rig = tuple[MemoryRig, Engine, TurnSteps, ScriptedModelServer]
 
 
 @pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    memory, engine = _memory(tmp_path)
+def rig(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
+    memory, engine = _memory(tmp_path, **getattr(request, "param", {}))
     with scripted_steps(memory, engine, []) as (steps, server):
         yield memory, engine, steps, server
     engine.dispose()
@@ -128,9 +129,11 @@ def test_a_later_step_and_the_next_turn_read_everything_the_previous_request_cac
     assert len({repr((r["tools"], r["system"])) for r in server.requests}) == 1
 
 
-def test_an_approval_invalidates_from_the_memory_blocks_on_once(
+@pytest.mark.parametrize("rig", [{"memory_delta": False}], indirect=True)
+def test_when_the_blocks_are_recompiled_an_approval_invalidates_from_them_on_once(
     rig: Rig,
 ) -> None:
+    """With per-turn blocks (and whenever the prompt base moves: test_prompt_cache_base.py)."""
     memory, _, steps, server = rig
     proposed = _turn(steps, server, 1, {"content": [NOTE_EDIT]}, {"text": "noted"})
     _turn(steps, server, 2, {"text": "ok"})
