@@ -6,6 +6,7 @@ Through the real SDK against the scripted server, which accounts the cache by An
 documented rules; the base is read from the database, as every worker reads it.
 """
 
+import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -273,3 +274,35 @@ def test_a_crash_before_the_base_moved_is_repaired_by_the_retry(rig: Rig) -> Non
     _turn(steps, server, 4, {"text": "ok"})
     assert server.requests[-1]["system"] == server.requests[-2]["system"]
     assert len(_tail(server.requests[-1])) == 1
+
+
+def test_a_base_that_left_the_history_is_dropped(rig: Rig) -> None:
+    """A history rewrite (a redaction) leaves the old base commit in git's objects until gc:
+    it must not be shown again, or the text rewritten away comes back in the system prompt."""
+    memory, engine, steps, server = rig
+    head, _ = _approved_between_turns(memory, steps, server)
+    base = PromptBaseStore(engine).get("alice")
+    assert base is not None
+    assert base.commit != head
+    repo = memory.git.repo_path("alice")
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    # The same trees on a new chain of commits, as a rewrite makes them.
+    parent: str | None = None
+    for sha in git("rev-list", "--reverse", "HEAD").splitlines():
+        args = ["commit-tree", f"{sha}^{{tree}}", "-m", f"rewritten {sha[:12]}"]
+        parent = git(*args, *(["-p", parent] if parent else []))
+    assert parent is not None
+    git("update-ref", "refs/heads/main", parent)
+    git("cat-file", "-e", base.commit)  # still an object, no longer in the history
+    _turn(steps, server, 3, {"text": "ok"})
+    request = server.requests[-1]
+    assert "Has a cat" in request["system"][1]["text"]
+    assert not _tail(request)[0].startswith(MEMORY_UPDATE_START)
+    moved = PromptBaseStore(engine).get("alice")
+    assert moved is not None
+    assert moved.commit == parent

@@ -13,14 +13,18 @@ memory update, before the turn note, so an approval does not rewrite the cached
 conversation; the base moves to HEAD when that is free or needed (`_memory_parts`,
 `warm_base`). Every text in a section
 is escaped (formats.escape_prompt_text): no block value, diff summary or summary can close or
-open a section. The output is a pure function of the stored state: compiling twice gives the
-same bytes. docs/context-and-tools.md has the breakpoints and what invalidates what.
+open a section, and no message or tool result can open or close the memory update or the
+turn note (`neutralised`). The output is a pure function of the stored state and the prompt
+base the caller passes (whether the base is still warm is decided before, from the clock, in
+`warm_base`): compiling twice gives the same bytes. docs/context-and-tools.md has the
+breakpoints and what invalidates what.
 
 Over 300 lines because the layout's parts share one rule (same state, same bytes) and each
 decides what the next depends on: the memory parts, the sections, the request's markers.
 """
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -77,10 +81,23 @@ class ContextSources:
     summaries: SummaryStore
 
 
+_OUR_TAIL_TAG = re.compile(r"<(\s*/?\s*)(memory_update|memory_metadata)", re.IGNORECASE)
+"""The opening of a tag of the sections we append to the newest user turn."""
+
+
+def neutralised(text: str) -> str:
+    """`text` from the user's side of the conversation (their messages, tool results quoting
+    the archive or recall) with the `<` of our own tail sections' tags escaped: the memory
+    update and the turn note carry our authority ("replaces what the system prompt shows"),
+    so a message must not be able to open or close one. Everything else is left as the user
+    wrote it (code, maths), and the escaping is a pure function of the text."""
+    return _OUR_TAIL_TAG.sub(r"&lt;\1\2", text)
+
+
 def _block(m: RecallMessage) -> tuple[str, ContentBlock] | None:
     """The Messages API role and content block a recall message becomes (None: not sent)."""
     if m.role is MessageRole.USER:
-        return "user", TextBlock(text=m.content)
+        return "user", TextBlock(text=neutralised(m.content))
     if m.role is MessageRole.ASSISTANT:
         return "assistant", TextBlock(text=m.content)
     if m.role is MessageRole.TOOL_CALL:
@@ -90,7 +107,7 @@ def _block(m: RecallMessage) -> tuple[str, ContentBlock] | None:
         return "assistant", use
     if m.role is MessageRole.TOOL_RESULT:
         result = ToolResultBlock(
-            tool_use_id=m.tool_call_id or "", content=m.content, is_error=m.is_error
+            tool_use_id=m.tool_call_id or "", content=neutralised(m.content), is_error=m.is_error
         )
         return "user", result
     return None
@@ -212,7 +229,8 @@ def _memory_update(changed: dict[str, Block]) -> str:
         [
             MEMORY_UPDATE_START,
             "Your memory changed after this conversation's system prompt was compiled (an "
-            "approved edit, or a person's edit). Below is the current text of the blocks that "
+            "approved edit, a person's edit, a restore or a rotation). Below is the current "
+            "text of the blocks that "
             f"changed ({', '.join(changed)}): it replaces what the system prompt's memory blocks "
             "show for them. The other blocks there are current.",
             _rendered(changed),
@@ -225,7 +243,6 @@ def _memory_parts(
     blocks: Blocks,
     user_id: str,
     settings: ModelSettings,
-    head: dict[str, Block],
     base: PromptBase | None,
     summarized_through: int,
 ) -> tuple[str, str, str | None]:
@@ -235,22 +252,26 @@ def _memory_parts(
     base moves to HEAD: when there is none or the caller let it go (the cache is cold), when
     the profile turns the update off or caches nothing, when a new summary rewrote the
     conversation anyway (its cached prefix is written again, so the blocks cost little more),
-    or when the update would pass `memory_delta_max_share` of the blocks' tokens."""
+    or when the update would pass `memory_delta_max_share` of the blocks' tokens. A base that
+    is no longer in HEAD's history (a redaction rewrote it, a forget removed it) or that
+    today's profile cannot read is dropped: its text may be what was meant to go."""
+    base_commit = (
+        base.commit
+        if base is not None
+        and settings.memory_delta
+        and settings.cache_ttl != "off"
+        and base.summarized_through_message_id == summarized_through
+        else None
+    )
+    try:
+        head, at_base = blocks.read_blocks_and_base(user_id, base_commit)
+    except DurableMemoryError:
+        if base_commit is None:
+            raise
+        head, at_base = blocks.read_blocks_and_base(user_id, None)  # unreadable at the base
     head_commit = next(iter(head.values())).sha if head else None
     current = _rendered(head)
-    if (
-        base is None
-        or not settings.memory_delta
-        or settings.cache_ttl == "off"
-        or base.commit == head_commit
-        or base.summarized_through_message_id != summarized_through
-    ):
-        return current, "", head_commit
-    try:
-        at_base = blocks.read_blocks(user_id, at=base.commit)
-    except (DurableMemoryError, ValueError):
-        # A commit this history no longer has (git's ValueError), or one that today's
-        # profile cannot read: nothing to build on.
+    if at_base is None or base_commit is None or head_commit == base_commit:
         return current, "", head_commit
     changed = {label: b for label, b in head.items() if b.fields != at_base[label].fields}
     if not changed:  # the same blocks: the same bytes at HEAD
@@ -258,7 +279,7 @@ def _memory_parts(
     shown, update = _rendered(at_base), _memory_update(changed)
     if count_tokens(update) > settings.memory_delta_max_share * count_tokens(shown):
         return current, "", head_commit
-    return shown, update, base.commit
+    return shown, update, base_commit
 
 
 def _compile(
@@ -270,9 +291,7 @@ def _compile(
 ) -> CompiledContext:
     profile = sources.blocks.profile(user_id)
     after, summary = _summary(sources.summaries, user_id)
-    core, update, memory_base = _memory_parts(
-        sources.blocks, user_id, profile.model, sources.blocks.read_blocks(user_id), base, after
-    )
+    core, update, memory_base = _memory_parts(sources.blocks, user_id, profile.model, base, after)
     recall_count = sources.recall.count(user_id)
     metadata = _metadata(sources, user_id, archival_count, recall_count)
     summary_text = (

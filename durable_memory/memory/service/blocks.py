@@ -113,6 +113,19 @@ class Blocks:
         spec = self.spec(user_id, label)
         return Block(label, spec, self._access.read_at(user_id, label, sha), sha)
 
+    def read_blocks_and_base(
+        self, user_id: str, base: str | None
+    ) -> tuple[dict[str, Block], dict[str, Block] | None]:
+        """Every block at HEAD, and at commit `base` if that is in HEAD's history (None if it
+        is not, or is None), read in one state of the repository."""
+        with self._access.git.transaction(user_id) as tx:
+            specs = self._access.profile_in(tx).blocks
+            parse = self._access.parse
+            head = {s.label: Block(s.label, s, parse(tx, s), tx.head) for s in specs}
+            if base is None or not tx.in_history(base):
+                return head, None
+            return head, {s.label: Block(s.label, s, parse(tx, s, base), base) for s in specs}
+
     def read_blocks(self, user_id: str, at: str | None = None) -> dict[str, Block]:
         """Every block of the user's profile, in profile order, at commit `at` (default HEAD;
         a block the commit lacks at its default)."""

@@ -58,6 +58,11 @@ class BlockTransaction(Protocol):
         before the commit can have been made."""
         ...
 
+    def in_history(self, sha: str) -> bool:
+        """Whether `sha` is HEAD or one of its ancestors (not merely an object git still
+        holds: a commit a rewrite left behind, or one of another branch, is not)."""
+        ...
+
     def commit(
         self,
         files: Mapping[str, str],

@@ -152,6 +152,16 @@ class RepoTransaction:
         except FileNotFoundError:
             return []
 
+    def in_history(self, sha: str) -> bool:
+        if self.head is None or not FULL_SHA.fullmatch(sha):
+            return False
+        if sha == self.head:
+            return True
+        try:
+            return self.repo.is_ancestor(self.repo.commit(sha), self.repo.commit(self.head))
+        except (git.GitCommandError, ValueError):  # not a commit, or no object at all
+            return False
+
     def find_trailer(self, key: str, value: str, since: datetime | None = None) -> str | None:
         """The newest commit whose message has the trailer `key: value` (e.g. a Diff-Id).
 
