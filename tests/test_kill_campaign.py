@@ -420,22 +420,27 @@ async def check_workflows(ledger: Ledger, client: MemoryClient) -> Counter[str]:
     query = f"TaskQueue = '{client.settings.temporal.task_queue}'"
     kinds: Counter[str] = Counter()
     async for execution in temporal.list_workflows(query):
-        status = execution.status.name.lower() if execution.status else "unknown"
+        ended = (WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.FAILED)
+        found = execution.status
+        if found not in ended:  # visibility lags: ask the execution itself
+            handle = temporal.get_workflow_handle(execution.id, run_id=execution.run_id)
+            found = (await bounded(handle.describe())).status
+        status = found.name.lower() if found else "unknown"
         kinds[f"{execution.workflow_type} {status}"] += 1
-        if execution.status not in (
-            WorkflowExecutionStatus.COMPLETED,
-            WorkflowExecutionStatus.FAILED,
-        ):
+        if found not in ended:
             ledger.problem(execution.id, f"{status} after settling")
     for user_id in USERS:
         rotated: list[str] = []
         query = f"WorkflowId = '{rotation_workflow_id(user_id, 'human')}'"
         async for run in temporal.list_workflows(query):
-            if run.status is not WorkflowExecutionStatus.COMPLETED:
-                continue
             handle = temporal.get_workflow_handle(
                 run.id, run_id=run.run_id, result_type=RotationOutcome
             )
+            run_status = run.status
+            if run_status is not WorkflowExecutionStatus.COMPLETED:  # visibility may lag
+                run_status = (await bounded(handle.describe())).status
+            if run_status is not WorkflowExecutionStatus.COMPLETED:
+                continue
             outcome: RotationOutcome = await bounded(handle.result())
             if outcome.rotated and outcome.commit_sha:
                 rotated.append(outcome.commit_sha)
