@@ -17,6 +17,7 @@ from durable_memory.workflows.rotation import WORKER_ROTATION_SETTINGS
 from durable_memory.workflows.turn import (
     ANSWER_BEFORE_ROTATION_CHECK,
     GIT_REMOTE_WAIT,
+    LOCAL_TURN_STEPS,
     OPERATOR_SEARCH_ATTRIBUTES,
     WORKER_TURN_SETTINGS,
 )
@@ -38,6 +39,7 @@ def _patches(path: Path) -> set[str]:
 def test_there_are_histories_to_replay() -> None:
     assert {h.name for h in HISTORIES} >= {
         "turn_approve_reject_expire.json",
+        "turn_approve_reject_expire_before_local_turn_steps.json",
         "turn_approve_reject_expire_before_git_remote_wait.json",
         "turn_approve_reject_expire_before_worker_settings.json",
         "turn_approve_reject_expire_unpatched.json",
@@ -46,6 +48,13 @@ def test_there_are_histories_to_replay() -> None:
     }
     here = HISTORIES[0].parent
     assert _patches(here / "turn_approve_reject_expire.json") == {
+        ANSWER_BEFORE_ROTATION_CHECK,
+        OPERATOR_SEARCH_ATTRIBUTES,
+        WORKER_TURN_SETTINGS,
+        GIT_REMOTE_WAIT,
+        LOCAL_TURN_STEPS,
+    }
+    assert _patches(here / "turn_approve_reject_expire_before_local_turn_steps.json") == {
         ANSWER_BEFORE_ROTATION_CHECK,
         OPERATOR_SEARCH_ATTRIBUTES,
         WORKER_TURN_SETTINGS,

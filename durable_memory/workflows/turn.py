@@ -31,11 +31,12 @@ types; `decision_queue`: the queue and its answers).
 
 import contextlib
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RawValue, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+from temporalio.types import MethodSyncSingleParam
 
 with workflow.unsafe.imports_passed_through():
     from durable_memory.activities.turn import TurnActivities
@@ -130,12 +131,22 @@ longest interval between two grows past the commit retry's maximum when `git_rem
 would otherwise need more, so a long wait cannot push the turn's history toward Temporal's
 limits (a warning at 10,240 events, the workflow terminated at 51,200)."""
 
+LOCAL_TURN_STEPS = "local-turn-steps"
+"""Patch: the turn's cheap steps on the worker's own stores (prepare_turn, run_tools,
+finish_turn) run as local activities, inside the workflow task that needs them, instead of
+each costing a task round trip through the server; the model call, the decisions' commits,
+expiry and the rotation check stay regular activities. Why that keeps every guarantee:
+docs/temporal.md ("Local steps"). Turns started before it schedule all five as regular."""
+
 MIN_TIMER = timedelta(milliseconds=1)
 
 RECENT_REJECTIONS = 10
 
 DecisionAnswer = DecisionOutcome | ApplicationError
 """What a decision's caller is told: the outcome that applied, or why it did not."""
+
+StepArg = TypeVar("StepArg")
+StepResult = TypeVar("StepResult")
 
 
 @workflow.defn(name=TURN_WORKFLOW)
@@ -167,6 +178,8 @@ class TurnWorkflow:
         outage: the wait's bound counts from here, so decisions queued behind one that gave up
         do not each wait the whole bound again."""
         self._git_remote_wait: GitRemoteWait | None = None
+        self._local_steps = False
+        """Whether the cheap steps run as local activities (patch `local-turn-steps`)."""
 
     # -- the turn --------------------------------------------------------------------------
 
@@ -190,17 +203,14 @@ class TurnWorkflow:
             ]
         )
         settings = await self._turn_settings(turn)
-        memory = activity_options(settings.activities.memory)
-        prepared = await workflow.execute_activity_method(
-            TurnActivities.prepare_turn,
-            turn,
-            summary="record the message, compile context",
-            **memory,
+        self._local_steps = workflow.patched(LOCAL_TURN_STEPS)
+        prepared = await self._memory_step(
+            TurnActivities.prepare_turn, turn, "record the message, compile context"
         )
         if prepared.profile is not None:
             self._upsert_for_operators(PROFILE.value_set(prepared.profile))
         text, stopped = await self._steps(turn)
-        finished = await workflow.execute_activity_method(
+        finished = await self._memory_step(
             TurnActivities.finish_turn,
             FinishInput(
                 user_id=turn.user_id,
@@ -209,8 +219,7 @@ class TurnWorkflow:
                 stopped_at_step_limit=stopped,
                 max_steps=settings.max_steps,
             ),
-            summary="describe the proposed diffs",
-            **memory,
+            "describe the proposed diffs",
         )
         reply = turn_reply(text, stopped, settings.max_steps)
         self._reply = TurnReply(
@@ -258,6 +267,21 @@ class TurnWorkflow:
             self._settings = turn.legacy_settings()
         return self._settings
 
+    async def _memory_step(
+        self,
+        step: MethodSyncSingleParam[TurnActivities, StepArg, StepResult],
+        arg: StepArg,
+        summary: str,
+    ) -> StepResult:
+        """One of the cheap steps on the worker's stores, with the `memory` options: a local
+        activity under the patch `local-turn-steps`, a regular one in turns from before."""
+        options = activity_options(self._activities.memory)
+        if self._local_steps:
+            return await workflow.execute_local_activity_method(
+                step, arg, summary=summary, **options
+            )
+        return await workflow.execute_activity_method(step, arg, summary=summary, **options)
+
     @property
     def _activities(self) -> ActivitiesSettings:
         """The activities' options; known once the turn has its settings, which every step
@@ -301,11 +325,10 @@ class TurnWorkflow:
             self._show_details()
             if result.tool_calls == 0:
                 return text, False
-            tools = await workflow.execute_activity_method(
+            tools = await self._memory_step(
                 TurnActivities.run_tools,
                 where,
-                summary=f"run {result.tool_calls} tool call(s) of step {step}",
-                **activity_options(self._activities.memory),
+                f"run {result.tool_calls} tool call(s) of step {step}",
             )
             self._proposed.extend(tools.diff_ids)
             if tools.diff_ids:
