@@ -3,8 +3,11 @@
 the git server (`dmem git-serve`), real `dmem worker` processes with separate data dirs, the
 client (this process, its own data dir) and the scripted model server answering at once.
 
-- approval -> commit pushed, against a bare Update round trip through a floor worker running
-  one no-op activity + a plain `git commit` in a local clone + `git push` to the same server;
+- approval -> commit pushed, against an Update through a floor worker running one activity
+  that makes a plain `git commit` in a local clone and `git push`es it to the same server;
+- turn start -> reply (a plain one, and a tool-using one: model -> tool -> model) on one
+  worker, against the floor worker's update-with-start + only the model call(s) as regular
+  activities (the same scripted model) + the reply;
 - turn start -> reply with two workers on the task queue, against the same turns with one;
 - throughput at 50 users, two workers against one (the users' repositories exist beforehand).
 
@@ -42,7 +45,8 @@ from typing import Any
 from urllib.parse import quote
 
 from sqlalchemy import create_engine, text
-from temporalio.client import Client
+from temporalio.client import Client, WithStartWorkflowOperation
+from temporalio.common import WorkflowIDConflictPolicy
 
 from bench.common import (
     bench_settings,
@@ -52,8 +56,22 @@ from bench.common import (
     model_server_process,
     process_tree_cpu,
 )
-from bench.floor import FloorDecisionWorkflow, plain_git_commit, plain_git_push
-from bench.pipeline import Turn, activity_times, ratio_line, timed_ms, turns_per_second
+from bench.floor import (
+    FloorCallsInput,
+    FloorCommit,
+    FloorCommitWorkflow,
+    FloorModelCallWorkflow,
+    plain_git_commit,
+    plain_git_push,
+)
+from bench.pipeline import (
+    Turn,
+    history_spans,
+    our_workflow_ids,
+    ratio_line,
+    timed_ms,
+    turns_per_second,
+)
 from bench.processes import start_until_polling, stop_worker
 from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.client import MemoryClient
@@ -295,13 +313,10 @@ async def approvals(
         reply = await client.send_message("approver", f"propose {i}")
         ours.append(await timed_ms(client.approve(reply.diffs[0].id, "bench")))
         handle = await temporal.start_workflow(
-            FloorDecisionWorkflow.run, id=f"floor-d-{uuid.uuid4().hex}", task_queue=FLOOR
+            FloorCommitWorkflow.run, id=f"floor-d-{uuid.uuid4().hex}", task_queue=FLOOR
         )
-        t = time.perf_counter()
-        await handle.execute_update(FloorDecisionWorkflow.decide, i)
-        await asyncio.to_thread(plain_git_commit, repo, f'name = "floor {i}"\n')
-        await asyncio.to_thread(plain_git_push, repo, token)
-        floor.append((time.perf_counter() - t) * 1000)
+        commit = FloorCommit(repo=str(repo), content=f'name = "floor {i}"\n', push_token=token)
+        floor.append(await timed_ms(handle.execute_update(FloorCommitWorkflow.decide, commit)))
     return ratio_line("approval -> commit pushed", ours, floor)
 
 
@@ -324,16 +339,48 @@ async def measure(
         return turn
 
     turn_one, turn_two = turn_on(one), turn_on(two)
+
+    async def floor_turn(i: int, model_calls: int) -> str:
+        workflow_id = f"floor-{uuid.uuid4().hex}"
+        await temporal.execute_update_with_start_workflow(
+            FloorModelCallWorkflow.reply,
+            start_workflow_operation=WithStartWorkflowOperation(
+                FloorModelCallWorkflow.run,
+                FloorCallsInput(message=f"floor {i}", model_calls=model_calls),
+                id=workflow_id,
+                task_queue=FLOOR,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            ),
+        )
+        return workflow_id
+
     for i in range(3):  # warm up every worker and the floor's path
         await turn_one(-1, "warm-one")
+        await one.send_message("warm-one", "search -1")
         await turn_two(-1, f"warm-two-{i}")
+        await floor_turn(-1, 1)
     results: dict[str, Any] = {}
+    for key, say, calls, name in (
+        ("turn_reply", "hello", 1, "turn: start -> reply"),
+        ("tool_turn_reply", "search", 2, "tool turn: model-tool-model"),
+    ):
+        ours, floor, floor_ids = [], [], []
+        for i in range(args.turns):  # interleaved, so both see the same machine state
+            ours.append(await timed_ms(one.send_message(key, f"{say} {i}")))
+            t = time.perf_counter()
+            floor_ids.append(await floor_turn(i, calls))
+            floor.append((time.perf_counter() - t) * 1000)
+        results[key] = ratio_line(name, ours, floor)
+        print("   ours, median time between the events of a turn's history:")
+        spans = {"ours": await history_spans(temporal, await our_workflow_ids(temporal, key, 10))}
+        print("   floor:")
+        spans["floor"] = await history_spans(temporal, floor_ids[-10:])
+        results[f"{key}_spans"] = spans
     ours, floor = [], []
-    for i in range(args.turns):  # interleaved, so both see the same machine state
+    for i in range(args.turns):
         ours.append(await timed_ms(turn_two(i, "latency-two")))
         floor.append(await timed_ms(turn_one(i, "latency-one")))
-    results["turn_reply"] = ratio_line("turn, two workers vs one", ours, floor)
-    results["turn_breakdown"] = await activity_times(temporal, "latency-one")
+    results["turn_two_workers"] = ratio_line("turn, two workers vs one", ours, floor)
 
     repo = await asyncio.to_thread(floor_clone, remote, token, scratch / "floor-clone")
     results["approval_commit"] = await approvals(one, temporal, repo, token, args.turns)
@@ -393,7 +440,10 @@ async def main_async(args: argparse.Namespace) -> None:
             workers = {name: future.result() for name, future in started.items()}
         floor_env = {k: v for k, v in os.environ.items() if not k.startswith(("DMEM_", "PG"))}
         workers["floor-worker"] = start_until_polling(
-            [sys.executable, "-m", "bench.floor_worker", temporal, FLOOR, str(ACTIVITY_THREADS)],
+            [
+                *(sys.executable, "-m", "bench.floor_worker", temporal, FLOOR),
+                *(str(ACTIVITY_THREADS), model_url),
+            ],
             floor_env,
             Path.cwd(),
         )

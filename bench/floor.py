@@ -1,6 +1,15 @@
-"""The floors: bare workflows with the same number and kind of activities as ours, doing
-nothing, on the same server, worker settings and data converter. (A module of workflows:
-the sandbox imports it for every run, so it imports nothing of ours.)"""
+"""The floors: bare workflows with the same number and kind of activities as ours, on the
+same server, worker settings and data converter. (A module of workflows: the sandbox imports
+it for every run, so it imports nothing of ours; the activities that do real work, a model
+call and a commit, are in floor_activities.py and named here by their type.)
+
+- `FloorTurnWorkflow`, `FloorDecisionWorkflow`: no-op activities in the shape the turn had
+  before its cheap steps became local (three activities), for the memory benchmark;
+- `FloorModelCallWorkflow`: the floor a skeptic picks for a turn: update-with-start, only the
+  model call(s) as regular activities against the same scripted model, then the reply;
+- `FloorCommitWorkflow`: an Update running one activity that commits (and pushes, in the
+  distributed mode): the floor of approval -> commit.
+"""
 
 import os
 import subprocess
@@ -16,6 +25,25 @@ TIMEOUT = timedelta(seconds=30)
 class FloorInput(BaseModel):
     user_id: str
     message: str
+
+
+MODEL_CALL = "floor.model_call"
+"""floor_activities.FloorActivities.model_call: one request to the scripted model."""
+COMMIT = "floor.commit"
+"""floor_activities.FloorActivities.commit: a plain git commit (and push)."""
+
+
+class FloorCallsInput(BaseModel):
+    message: str
+    model_calls: int = 1
+    """A plain reply makes one; a tool-using turn (model -> tool -> model) two."""
+
+
+class FloorCommit(BaseModel):
+    repo: str
+    content: str
+    push_token: str | None = None
+    """Given in the distributed mode: push the commit to the clone's origin with it."""
 
 
 @activity.defn(name="floor.noop")
@@ -60,6 +88,47 @@ class FloorDecisionWorkflow:
         result = await workflow.execute_activity(noop, step, start_to_close_timeout=TIMEOUT)
         self._decided = True
         return int(result)
+
+
+@workflow.defn
+class FloorModelCallWorkflow:
+    """Only the model call(s), each a regular activity, then the reply via an Update."""
+
+    def __init__(self) -> None:
+        self._reply: str | None = None
+
+    @workflow.run
+    async def run(self, request: FloorCallsInput) -> str:
+        text = ""
+        for _ in range(request.model_calls):
+            text = await workflow.execute_activity(
+                MODEL_CALL, request.message, result_type=str, start_to_close_timeout=TIMEOUT
+            )
+        self._reply = text
+        return text
+
+    @workflow.update
+    async def reply(self) -> str:
+        await workflow.wait_condition(lambda: self._reply is not None)
+        assert self._reply is not None
+        return self._reply
+
+
+@workflow.defn
+class FloorCommitWorkflow:
+    """Waits for one decision Update; applies it with one activity that commits (+ pushes)."""
+
+    def __init__(self) -> None:
+        self._decided = False
+
+    @workflow.run
+    async def run(self) -> None:
+        await workflow.wait_condition(lambda: self._decided)
+
+    @workflow.update
+    async def decide(self, commit: FloorCommit) -> None:
+        await workflow.execute_activity(COMMIT, commit, start_to_close_timeout=TIMEOUT)
+        self._decided = True
 
 
 def plain_git_commit(repo: Path, content: str) -> None:

@@ -5,6 +5,12 @@ server, in a process of its own, answering at once, so the figures are our own c
     .venv/bin/python -m bench.pipeline [--turns 40] [--users 1,10,50] [--leg-turns 100]
                                        [--out results.json]
 
+The latency floors are the ones a skeptic picks (bench/floor.py): a turn against
+update-with-start + only its model call(s) as regular activities (the same scripted model)
++ the reply; a tool-using turn (model -> tool -> model) against two model calls; an approval
+against an Update + one activity that commits. Where the time goes is read from the
+histories of both sides (`history_spans`).
+
 Throughput: each user sends turns one after another (a conversation), the users at once;
 their repositories exist beforehand. Ours and the floor run in the order ours, floor,
 floor, ours so that neither gets the warmer machine. CPU per turn is read per process.
@@ -13,6 +19,7 @@ floor, ours so that neither gets the warmer machine. CPU per turn is read per pr
 import argparse
 import asyncio
 import concurrent.futures
+import itertools
 import json
 import tempfile
 import time
@@ -21,9 +28,15 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from temporalio import activity
 from temporalio.client import Client, WithStartWorkflowOperation
 from temporalio.common import WorkflowIDConflictPolicy
-from temporalio.worker import Worker
+from temporalio.worker import (
+    ActivityInboundInterceptor,
+    ExecuteActivityInput,
+    Interceptor,
+    Worker,
+)
 
 from bench.common import (
     CpuMeter,
@@ -34,12 +47,14 @@ from bench.common import (
     p50_p95,
 )
 from bench.floor import (
-    FloorDecisionWorkflow,
-    FloorInput,
+    FloorCallsInput,
+    FloorCommit,
+    FloorCommitWorkflow,
+    FloorModelCallWorkflow,
     FloorTurnWorkflow,
     noop,
-    plain_git_commit,
 )
+from bench.floor_activities import FloorActivities
 from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.client import MemoryClient
 from durable_memory.memory.agent.llm import AnthropicModel
@@ -79,29 +94,96 @@ def ratio_line(name: str, ours: list[float], floor: list[float]) -> dict[str, An
     }
 
 
-async def activity_times(client: Client, user: str) -> dict[str, float]:
-    """Where a turn's time goes: each activity's run time, from the turn's own history."""
-    last = [w async for w in client.list_workflows(f"DmemUserId = '{user}'", limit=1)]
-    history = await client.get_workflow_handle(last[0].id).fetch_history()
-    names: dict[int, str] = {}
-    started: dict[int, float] = {}
-    spent: dict[str, float] = {}
-    for event in history.events:
-        t = event.event_time.ToDatetime().timestamp() * 1000
-        if event.HasField("activity_task_scheduled_event_attributes"):
-            names[event.event_id] = (
-                event.activity_task_scheduled_event_attributes.activity_type.name
-            )
-        elif event.HasField("activity_task_started_event_attributes"):
-            started[event.activity_task_started_event_attributes.scheduled_event_id] = t
-        elif event.HasField("activity_task_completed_event_attributes"):
-            scheduled = event.activity_task_completed_event_attributes.scheduled_event_id
-            name = names[scheduled].removeprefix("dmem.")
-            spent[name] = spent.get(name, 0.0) + t - started[scheduled]
-    print(
-        "   one turn, activity run times: " + ", ".join(f"{k} {v:.1f} ms" for k, v in spent.items())
-    )
-    return spent
+def _local_activity_type(event: Any) -> str | None:
+    """A local activity marker's activity type, else None. (Its times are workflow time,
+    not the run's: `StepTimer` measures the runs.)"""
+    marker = event.marker_recorded_event_attributes
+    if marker.marker_name != "core_local_activity":
+        return None
+    details: dict[str, Any] = json.loads(marker.details["data"].payloads[0].data)
+    return str(details["activity_type"])
+
+
+class StepTimer(Interceptor):
+    """Measures each activity run in this worker, local or regular: {type: [ms, ...]}."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, list[float]] = {}
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        return _TimedActivity(next, self.runs)
+
+    def medians(self) -> dict[str, float]:
+        """Each activity type's median run, printed; the runs so far are forgotten."""
+        found = {k: sorted(v)[len(v) // 2] for k, v in self.runs.items()}
+        self.runs.clear()
+        for name, ms in found.items():
+            print(f"   {ms:6.1f} ms  {name} ran (median)")
+        return found
+
+
+class _TimedActivity(ActivityInboundInterceptor):
+    def __init__(self, next: ActivityInboundInterceptor, runs: dict[str, list[float]]) -> None:
+        super().__init__(next)
+        self.runs = runs
+
+    async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+        info = activity.info()
+        t = time.perf_counter()
+        try:
+            return await super().execute_activity(input)
+        finally:
+            name = f"{'local ' if info.is_local else ''}{info.activity_type}"
+            self.runs.setdefault(name, []).append((time.perf_counter() - t) * 1000)
+
+
+def _event_name(event: Any, activities: dict[int, str]) -> str:
+    """An event's type, with its activity's type for activity events (local ones are
+    markers: `MARKER_RECORDED`, as one step of the workflow task that ran them)."""
+    kind = str(event.WhichOneof("attributes")).removesuffix("_event_attributes")
+    if event.HasField("activity_task_scheduled_event_attributes"):
+        activities[event.event_id] = (
+            event.activity_task_scheduled_event_attributes.activity_type.name
+        )
+        return f"{kind} {activities[event.event_id]}"
+    if event.HasField("marker_recorded_event_attributes"):
+        local = _local_activity_type(event)
+        return f"{kind} {local}" if local else kind
+    for field in ("activity_task_started", "activity_task_completed"):
+        if event.HasField(f"{field}_event_attributes"):
+            attributes = getattr(event, f"{field}_event_attributes")
+            return f"{kind} {activities[attributes.scheduled_event_id]}"
+    return kind
+
+
+async def history_spans(client: Client, workflow_ids: list[str]) -> dict[str, float]:
+    """Where a turn's time goes, from its history: the median time from each event to the
+    next, up to the workflow task that answered the reply (its `workflow_task_completed`),
+    over `workflow_ids`. Keys are "<n>. <event> -> <next event>"."""
+    spans: dict[str, list[float]] = {}
+    for workflow_id in workflow_ids:
+        history = await client.get_workflow_handle(workflow_id).fetch_history()
+        activities: dict[int, str] = {}
+        events = [
+            (_event_name(e, activities), e.event_time.ToDatetime().timestamp() * 1000)
+            for e in history.events
+        ]
+        answered = next(
+            i
+            for i, e in enumerate(history.events)
+            if e.HasField("workflow_execution_update_completed_event_attributes")
+        )
+        for n, ((before, t0), (after, t1)) in enumerate(itertools.pairwise(events[: answered + 1])):
+            spans.setdefault(f"{n + 1:02d}. {before} -> {after}", []).append(t1 - t0)
+    medians = {k: sorted(v)[len(v) // 2] for k, v in spans.items()}
+    for name, ms in medians.items():
+        print(f"   {ms:6.1f} ms  {name}")
+    return medians
+
+
+async def our_workflow_ids(client: Client, user: str, limit: int) -> list[str]:
+    """The last `limit` turns of `user`."""
+    return [w.id async for w in client.list_workflows(f"DmemUserId = '{user}'", limit=limit)]
 
 
 async def turns_per_second(turn: Turn, prefix: str, users: int, per_user: int) -> float:
@@ -166,59 +248,81 @@ async def main_async(turns: int, user_counts: list[int], leg_turns: int, out: Pa
         env = await start_dev_server(settings)
         stack = stack_from_settings(settings)
         model = AnthropicModel(base_url=model_url)
+        floor_activities = FloorActivities(model_url)
+        timer = StepTimer()
         worker = Worker(
             env.client,
             task_queue="bench",
-            workflows=[*WORKFLOWS, FloorTurnWorkflow, FloorDecisionWorkflow],
-            activities=[*activities_for(stack, model, settings, env.client), noop],
+            workflows=[*WORKFLOWS, FloorTurnWorkflow, FloorModelCallWorkflow, FloorCommitWorkflow],
+            activities=[
+                *activities_for(stack, model, settings, env.client),
+                noop,
+                floor_activities.model_call,
+                floor_activities.commit,
+            ],
             activity_executor=pool,
             max_concurrent_activities=ACTIVITY_THREADS,
+            interceptors=[timer],
         )
         client = MemoryClient(env.client, settings, stack)
         freeze_startup_objects()  # as run_worker does
+        floor_ids: list[str] = []
 
-        async def our_turn(i: int, user: str = "bench") -> None:
-            await client.send_message(user, f"hello {i}")
+        async def our_turn(i: int, user: str = "bench", say: str = "hello") -> None:
+            await client.send_message(user, f"{say} {i}")
 
-        async def floor_turn(i: int, user: str = "bench") -> None:
+        async def floor_turn(i: int, user: str = "bench", model_calls: int = 1) -> None:
+            floor_ids.append(f"floor-{user}-{uuid.uuid4().hex}")
             start = WithStartWorkflowOperation(
-                FloorTurnWorkflow.run,
-                FloorInput(user_id=user, message=f"hello {i}"),
-                id=f"floor-{uuid.uuid4().hex}",
+                FloorModelCallWorkflow.run,
+                FloorCallsInput(message=f"floor {i}", model_calls=model_calls),
+                id=floor_ids[-1],
                 task_queue="bench",
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             )
             await env.client.execute_update_with_start_workflow(
-                FloorTurnWorkflow.reply, start_workflow_operation=start
+                FloorModelCallWorkflow.reply, start_workflow_operation=start
             )
 
         async with worker:
             for _ in range(3):  # warm up both paths
-                await our_turn(-1)
-                await floor_turn(-1)
-            ours, floor = [], []
-            for i in range(turns):  # interleaved, so both see the same machine state
-                ours.append(await timed_ms(our_turn(i)))
-                floor.append(await timed_ms(floor_turn(i)))
-            results["turn_reply"] = ratio_line("turn: start -> reply", ours, floor)
-            results["turn_breakdown"] = await activity_times(env.client, "bench")
+                await our_turn(-1, "warm")
+                await our_turn(-1, "warm", "search")
+                await floor_turn(-1, "warm")
+            timer.runs.clear()
+            for key, say, calls, name in (
+                ("turn_reply", "hello", 1, "turn: start -> reply"),
+                ("tool_turn_reply", "search", 2, "tool turn: model-tool-model"),
+            ):
+                ours, floor = [], []
+                floor_ids.clear()
+                for i in range(turns):  # interleaved, so both see the same machine state
+                    ours.append(await timed_ms(our_turn(i, key, say)))
+                    floor.append(await timed_ms(floor_turn(i, key, calls)))
+                results[key] = ratio_line(name, ours, floor)
+                print("   ours, median time between the events of a turn's history:")
+                ours_ids = await our_workflow_ids(env.client, key, turns)
+                spans = {"ours": await history_spans(env.client, ours_ids)}
+                print("   floor:")
+                spans["floor"] = await history_spans(env.client, list(floor_ids))
+                results[f"{key}_spans"] = spans
+                print("   each activity's run in the worker, ours and the floor's:")
+                results[f"{key}_activity_runs"] = timer.medians()
 
-            # Approval -> commit visible, against an Update round trip + a plain git commit.
+            # Approval -> commit visible, against an Update running one activity that commits.
             stack.blocks.ensure_user("floor")
             repo = stack.git.repo_path("floor")
             ours, floor = [], []
             for i in range(turns):
                 reply = await client.send_message("approver", f"propose {i}")
-                t = time.perf_counter()
-                await client.approve(reply.diffs[0].id, "bench")
-                ours.append((time.perf_counter() - t) * 1000)
+                ours.append(await timed_ms(client.approve(reply.diffs[0].id, "bench")))
                 handle = await env.client.start_workflow(
-                    FloorDecisionWorkflow.run, id=f"floor-d-{uuid.uuid4().hex}", task_queue="bench"
+                    FloorCommitWorkflow.run, id=f"floor-d-{uuid.uuid4().hex}", task_queue="bench"
                 )
-                t = time.perf_counter()
-                await handle.execute_update(FloorDecisionWorkflow.decide, i)
-                await asyncio.to_thread(plain_git_commit, repo, f'name = "floor {i}"\n')
-                floor.append((time.perf_counter() - t) * 1000)
+                commit = FloorCommit(repo=str(repo), content=f'name = "floor {i}"\n')
+                floor.append(
+                    await timed_ms(handle.execute_update(FloorCommitWorkflow.decide, commit))
+                )
             results["approval_commit"] = ratio_line("approval -> commit visible", ours, floor)
 
             meter = CpuMeter(model_pid)

@@ -35,21 +35,41 @@ def _save(fig: Any, path: Path) -> None:
 
 
 def turn_latency(pipeline: dict[str, Any], out: Path) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     for ax, key, title, target in (
         (axes[0], "turn_reply", "Turn: start -> reply in hand", 1.3),
-        (axes[1], "approval_commit", "Approval -> commit visible", 1.5),
+        (axes[1], "tool_turn_reply", "Tool turn: model -> tool -> model", 1.3),
+        (axes[2], "approval_commit", "Approval -> commit visible", 1.2),
     ):
         row = pipeline[key]
         _cdf(ax, row["ours_ms"], f"durable-memory (p50 {row['ours_p50']:.0f} ms)", OURS)
         _cdf(ax, row["floor_ms"], f"floor (p50 {row['floor_p50']:.0f} ms)", FLOOR)
         ax.set_title(
-            f"{title}\np50 {row['ratio_p50']:.2f}x the floor (target <= {target}x)", fontsize=10
+            f"{title}\np50 {row['ratio_p50']:.2f}x, p95 {row['ratio_p95']:.2f}x the floor "
+            f"(target <= {target}x)",
+            fontsize=10,
         )
         ax.set_xlabel("ms")
         ax.set_ylabel("share of samples")
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right")
+    _save(fig, out)
+
+
+def idle_turns(idle: dict[str, Any], out: Path) -> None:
+    """Latency per turn after a rest, on a dev server with the default poll cap and on ours."""
+    legs = idle["legs"]
+    fig, axes = plt.subplots(1, len(legs), figsize=(6.5 * len(legs), 3.8), squeeze=False)
+    for ax, (kind, servers) in zip(axes[0], legs.items(), strict=True):
+        for (server, row), color in zip(servers.items(), ("tab:red", OURS), strict=False):
+            turns = range(1, len(row["ms"]) + 1)
+            ax.plot(turns, row["ms"], ".-", color=color, label=f"{server}")
+        ax.axvline(10.5, color=FLOOR, alpha=0.4, linestyle=":")
+        ax.set_title(f"{kind}: {idle['turns']} turns after {idle['idle_s']:.0f} s idle")
+        ax.set_xlabel("turn after the rest")
+        ax.set_ylabel("start -> reply, ms")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     _save(fig, out)
 
 
@@ -167,6 +187,7 @@ def main() -> None:
     context_compile(_load(args.results, "context_compile"), args.docs / "bench-context-compile.png")
     archive(_load(args.results, "archive_search"), args.docs / "bench-archive-search.png")
     prompt_cache(_load(args.results, "prompt_cache"), args.docs / "bench-prompt-cache.png")
+    idle_turns(_load(args.results, "idle"), args.docs / "bench-idle-turns.png")
 
 
 if __name__ == "__main__":

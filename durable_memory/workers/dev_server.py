@@ -6,7 +6,7 @@ import os
 import shutil
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 
@@ -59,9 +59,14 @@ def _child_stdout_to_stderr() -> Iterator[None]:
 
 
 async def start_dev_server(
-    settings: Settings, *, port: int | None = None, ui_port: int | None = None
+    settings: Settings,
+    *,
+    port: int | None = None,
+    ui_port: int | None = None,
+    extra_args: Sequence[str] = DEV_SERVER_ARGS,
 ) -> WorkflowEnvironment:
-    """Start the dev server (ports from settings unless given) and connect to it."""
+    """Start the dev server (ports from settings unless given) and connect to it. Only the
+    idle benchmark passes other `extra_args` (none: the server's default cap, to show it)."""
     dev = settings.dev_server
     with _child_stdout_to_stderr():
         return await WorkflowEnvironment.start_local(
@@ -75,6 +80,6 @@ async def start_dev_server(
             dev_server_existing_path=str(temporal_binary()),
             dev_server_database_filename=str(database_path(settings)),
             dev_server_log_level=dev.log_level,
-            dev_server_extra_args=DEV_SERVER_ARGS,
+            dev_server_extra_args=extra_args,
             dev_server_startup_timeout=DEV_SERVER_STARTUP,
         )
