@@ -56,6 +56,7 @@ with workflow.unsafe.imports_passed_through():
         DiffDecision,
         DiffPreview,
         DiffView,
+        FinishedTurn,
         FinishInput,
         ProposedDiff,
         RejectedSignals,
@@ -136,7 +137,9 @@ LOCAL_TURN_STEPS = "local-turn-steps"
 finish_turn) run as local activities, inside the workflow task that needs them, instead of
 each costing a task round trip through the server; the model call, the decisions' commits,
 expiry and the rotation check stay regular activities. Why that keeps every guarantee:
-docs/temporal.md ("Local steps"). Turns started before it schedule all five as regular."""
+docs/temporal.md ("Local steps"). A turn that proposed no diff and did not stop at the step
+limit has nothing to finish and skips finish_turn. Turns started before the patch schedule
+every step as a regular activity."""
 
 MIN_TIMER = timedelta(milliseconds=1)
 
@@ -210,17 +213,7 @@ class TurnWorkflow:
         if prepared.profile is not None:
             self._upsert_for_operators(PROFILE.value_set(prepared.profile))
         text, stopped = await self._steps(turn)
-        finished = await self._memory_step(
-            TurnActivities.finish_turn,
-            FinishInput(
-                user_id=turn.user_id,
-                turn_id=turn.turn_id,
-                diff_ids=self._proposed,
-                stopped_at_step_limit=stopped,
-                max_steps=settings.max_steps,
-            ),
-            "describe the proposed diffs",
-        )
+        finished = await self._finish(turn, stopped)
         reply = turn_reply(text, stopped, settings.max_steps)
         self._reply = TurnReply(
             user_id=turn.user_id,
@@ -266,6 +259,24 @@ class TurnWorkflow:
         else:
             self._settings = turn.legacy_settings()
         return self._settings
+
+    async def _finish(self, turn: TurnInput, stopped: bool) -> FinishedTurn:
+        """The proposed diffs described for the reply, and a step-limit stop noted in recall.
+        Under `local-turn-steps`, a turn that did neither has nothing to finish: no step."""
+        if self._local_steps and not self._proposed and not stopped:
+            return FinishedTurn(diffs=[])
+        assert self._settings is not None
+        return await self._memory_step(
+            TurnActivities.finish_turn,
+            FinishInput(
+                user_id=turn.user_id,
+                turn_id=turn.turn_id,
+                diff_ids=self._proposed,
+                stopped_at_step_limit=stopped,
+                max_steps=self._settings.max_steps,
+            ),
+            "describe the proposed diffs",
+        )
 
     async def _memory_step(
         self,

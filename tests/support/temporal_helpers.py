@@ -5,9 +5,10 @@ task queue with the model replaced by the scripted server at its HTTP boundary."
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import sysconfig
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.api.testservice.v1 import LockTimeSkippingRequest, UnlockTimeSkippingRequest
 from temporalio.client import Client, WithStartWorkflowOperation, WorkflowHandle
@@ -199,3 +201,25 @@ async def raw_turn_reply(client: Client, task_queue: str, workflow_id: str, payl
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
     )
     return await client.execute_update_with_start_workflow("reply", start_workflow_operation=start)
+
+
+def local_activity_types(events: Iterable[HistoryEvent]) -> list[str]:
+    """The types of the local activities a history recorded, in order (their
+    `core_local_activity` markers)."""
+    found = []
+    for event in events:
+        marker = event.marker_recorded_event_attributes
+        if event.HasField("marker_recorded_event_attributes") and (
+            marker.marker_name == "core_local_activity"
+        ):
+            found.append(json.loads(marker.details["data"].payloads[0].data)["activity_type"])
+    return found
+
+
+def scheduled_activity_types(events: Iterable[HistoryEvent]) -> list[str]:
+    """The types of the regular activities a history scheduled, in order."""
+    return [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]

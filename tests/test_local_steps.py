@@ -1,0 +1,75 @@
+"""The turn's cheap steps run as local activities (patch `local-turn-steps`): the model call
+is the only regular activity on the way to the reply, in a plain turn and in a tool-using
+one; a turn with nothing to finish skips finish_turn; and what the local steps store is all
+there (recall holds the message, the tool results and the replies). Crashes inside them:
+tests/test_faults.py (a SIGKILL at `before:`/`after:` each step), tests/test_kill_campaign.py."""
+
+from pathlib import Path
+from typing import Any
+
+from temporalio.testing import WorkflowEnvironment
+
+from tests.support.agent_helpers import edit_block
+from tests.support.temporal_helpers import (
+    local_activity_types,
+    rig_settings,
+    running_rig,
+    scheduled_activity_types,
+)
+
+SEARCH: dict[str, Any] = {
+    "content": [{"type": "tool_use", "name": "conversation_search", "input": {"query": "robots"}}]
+}
+
+
+async def _history_types(env: WorkflowEnvironment, workflow_id: str) -> tuple[list[str], ...]:
+    history = await env.client.get_workflow_handle(workflow_id).fetch_history()
+    return scheduled_activity_types(history.events), local_activity_types(history.events)
+
+
+async def test_a_plain_reply_runs_one_regular_activity(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    async with running_rig(
+        temporal_env.client, rig_settings(tmp_path / "data"), [{"text": "Hello, Ada."}]
+    ) as rig:
+        reply = await rig.client.send_message("ada", "I like robots", turn_id="p1")
+        assert reply.reply == "Hello, Ada."
+        assert reply.diffs == []
+        scheduled, local = await _history_types(temporal_env, reply.workflow_id)
+        # Nothing proposed, no step limit: nothing to finish.
+        assert scheduled == ["dmem.call_model"]
+        assert local == ["dmem.turn_settings", "dmem.prepare_turn"]
+        found = rig.stack.recall.search("ada", "robots")
+        assert found.total >= 1  # prepare_turn recorded the message
+
+
+async def test_a_tool_turn_runs_the_tools_and_the_finish_locally(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    script = [
+        SEARCH,
+        {"content": [edit_block("student", field="name", operation="set", value="Ada")]},
+        {"text": "Noted, Ada."},
+    ]
+    async with running_rig(temporal_env.client, rig_settings(tmp_path / "data"), script) as rig:
+        reply = await rig.client.send_message("ada", "I'm Ada; robots again", turn_id="t1")
+        assert reply.reply == "Noted, Ada."
+        assert len(reply.diffs) == 1
+        scheduled, local = await _history_types(temporal_env, reply.workflow_id)
+        assert scheduled == ["dmem.call_model"] * 3
+        assert local == [
+            "dmem.turn_settings",
+            "dmem.prepare_turn",
+            "dmem.run_tools",
+            "dmem.run_tools",
+            "dmem.finish_turn",
+        ]
+        # Each model call after a tool step saw that step's results (stored by run_tools).
+        requests = rig.model_server.requests
+        assert [m["role"] for m in requests[2]["messages"][-4:]] == [
+            "assistant",
+            "user",
+            "assistant",
+            "user",
+        ]
