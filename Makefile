@@ -35,13 +35,14 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
-# Every benchmark beside its floor (about 15 minutes on 2 cores), then the plots in docs/.
+# Every benchmark beside its floor (about 20 minutes on 2 cores), then the plots in docs/.
 # The distributed one runs under pg_virtualenv (Debian's postgresql-common): a throwaway
 # PostgreSQL cluster on loopback for the length of the run.
 bench: $(STAMP)
 	scripts/ensure-postgres
 	mkdir -p bench/results
 	$(BIN)/python -m bench.pipeline --out bench/results/pipeline.json
+	$(BIN)/python -m bench.idle --out bench/results/idle.json
 	$(BIN)/python -m bench.context_compile --out bench/results/context_compile.json
 	$(BIN)/python -m bench.archive_search --out bench/results/archive_search.json
 	$(BIN)/python -m bench.recall_search --out bench/results/recall_search.json

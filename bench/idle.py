@@ -16,7 +16,9 @@ spread over the shards, so it rarely hits it.
 
 For each server and each kind of turn (a plain reply; a reply with one memory edit, which
 proposes a diff), the server rests `--idle-s` seconds, then one conversation sends `--turns`
-turns one after another.
+turns one after another. Besides each turn's latency, its history gives the time its tasks
+waited to be handed out (each workflow and activity task from scheduled to started, up to
+the reply): where the limiter's wait shows, apart from the machine's CPU contention.
 """
 
 import argparse
@@ -24,14 +26,15 @@ import asyncio
 import concurrent.futures
 import json
 import tempfile
+import time
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+from temporalio.client import Client
 from temporalio.worker import Worker
 
 from bench.common import bench_settings, describe, machine, model_server_process, p50_p95
-from bench.pipeline import timed_ms
 from durable_memory.bootstrap import stack_from_settings
 from durable_memory.client import MemoryClient
 from durable_memory.memory.agent.llm import AnthropicModel
@@ -46,10 +49,37 @@ KINDS = {"plain reply": "hello", "reply with one memory edit": "propose"}
 
 async def idle_then_turns(
     client: MemoryClient, user: str, say: str, turns: int, idle_s: float
-) -> list[float]:
-    """Rest, then `turns` sequential turns of one conversation: each one's latency in ms."""
+) -> tuple[list[float], list[str]]:
+    """Rest, then `turns` sequential turns of one conversation: each one's latency in ms, and
+    its workflow id."""
     await asyncio.sleep(idle_s)
-    return [await timed_ms(client.send_message(user, f"{say} {i}")) for i in range(turns)]
+    latencies, workflow_ids = [], []
+    for i in range(turns):
+        t = time.perf_counter()
+        reply = await client.send_message(user, f"{say} {i}")
+        latencies.append((time.perf_counter() - t) * 1000)
+        workflow_ids.append(reply.workflow_id)
+    return latencies, workflow_ids
+
+
+async def dispatch_wait_ms(client: Client, workflow_id: str) -> float:
+    """How long a turn's tasks waited from scheduled to started, up to its reply."""
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    scheduled: dict[int, float] = {}
+    waited = 0.0
+    for event in history.events:
+        t = event.event_time.ToDatetime().timestamp() * 1000
+        if event.HasField("workflow_execution_update_completed_event_attributes"):
+            break
+        if event.HasField("workflow_task_scheduled_event_attributes") or event.HasField(
+            "activity_task_scheduled_event_attributes"
+        ):
+            scheduled[event.event_id] = t
+        elif event.HasField("workflow_task_started_event_attributes"):
+            waited += t - scheduled[event.workflow_task_started_event_attributes.scheduled_event_id]
+        elif event.HasField("activity_task_started_event_attributes"):
+            waited += t - scheduled[event.activity_task_started_event_attributes.scheduled_event_id]
+    return waited
 
 
 async def main_async(turns: int, idle_s: float, out: Path | None) -> None:
@@ -78,18 +108,23 @@ async def main_async(turns: int, idle_s: float, out: Path | None) -> None:
         for kind, say in KINDS.items():
             for server, client in clients.items():
                 print(f"{server}, {kind}: {idle_s:.0f} s idle, then {turns} turns", flush=True)
-                latencies = await idle_then_turns(client, f"u-{say}", say, turns, idle_s)
+                latencies, workflow_ids = await idle_then_turns(
+                    client, f"u-{say}", say, turns, idle_s
+                )
+                waits = [await dispatch_wait_ms(client.client, w) for w in workflow_ids]
                 first, rest = latencies[:10], latencies[10:]
                 p50, p95 = p50_p95(rest)
                 print(
                     f"   first 10 p50 {p50_p95(first)[0]:6.1f} ms | after them p50 {p50:6.1f} "
-                    f"ms p95 {p95:6.1f} ms"
+                    f"ms p95 {p95:6.1f} ms | tasks waited to be handed out: first 10 p50 "
+                    f"{p50_p95(waits[:10])[0]:5.1f} ms, after them {p50_p95(waits[10:])[0]:5.1f} ms"
                 )
                 results["legs"].setdefault(kind, {})[server] = {
                     "first_10_p50": p50_p95(first)[0],
                     "rest_p50": p50,
                     "rest_p95": p95,
                     "ms": latencies,
+                    "dispatch_wait_ms": waits,
                 }
         model.close()
     if out:

@@ -57,19 +57,24 @@ def turn_latency(pipeline: dict[str, Any], out: Path) -> None:
 
 
 def idle_turns(idle: dict[str, Any], out: Path) -> None:
-    """Latency per turn after a rest, on a dev server with the default poll cap and on ours."""
+    """Per turn after a rest, on a dev server with the default poll cap and on ours: the
+    latency (top) and the time its tasks waited to be handed out (bottom)."""
     legs = idle["legs"]
-    fig, axes = plt.subplots(1, len(legs), figsize=(6.5 * len(legs), 3.8), squeeze=False)
-    for ax, (kind, servers) in zip(axes[0], legs.items(), strict=True):
+    fig, axes = plt.subplots(2, len(legs), figsize=(6.5 * len(legs), 6.5), squeeze=False)
+    for column, (kind, servers) in enumerate(legs.items()):
+        top, bottom = axes[0][column], axes[1][column]
         for (server, row), color in zip(servers.items(), ("tab:red", OURS), strict=False):
             turns = range(1, len(row["ms"]) + 1)
-            ax.plot(turns, row["ms"], ".-", color=color, label=f"{server}")
-        ax.axvline(10.5, color=FLOOR, alpha=0.4, linestyle=":")
-        ax.set_title(f"{kind}: {idle['turns']} turns after {idle['idle_s']:.0f} s idle")
-        ax.set_xlabel("turn after the rest")
-        ax.set_ylabel("start -> reply, ms")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+            top.plot(turns, row["ms"], ".-", color=color, label=server)
+            bottom.plot(turns, row["dispatch_wait_ms"], ".-", color=color, label=server)
+        top.set_title(f"{kind}: {idle['turns']} turns after {idle['idle_s']:.0f} s idle")
+        top.set_ylabel("start -> reply, ms")
+        bottom.set_ylabel("its tasks' wait to be handed out, ms")
+        bottom.set_xlabel("turn after the rest")
+        for ax in (top, bottom):
+            ax.axvline(10.5, color=FLOOR, alpha=0.4, linestyle=":")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
     _save(fig, out)
 
 
