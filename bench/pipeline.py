@@ -51,8 +51,6 @@ from bench.floor import (
     FloorCommit,
     FloorCommitWorkflow,
     FloorModelCallWorkflow,
-    FloorTurnWorkflow,
-    noop,
 )
 from bench.floor_activities import FloorActivities
 from durable_memory.bootstrap import MemoryStack, stack_from_settings
@@ -253,10 +251,9 @@ async def main_async(turns: int, user_counts: list[int], leg_turns: int, out: Pa
         worker = Worker(
             env.client,
             task_queue="bench",
-            workflows=[*WORKFLOWS, FloorTurnWorkflow, FloorModelCallWorkflow, FloorCommitWorkflow],
+            workflows=[*WORKFLOWS, FloorModelCallWorkflow, FloorCommitWorkflow],
             activities=[
                 *activities_for(stack, model, settings, env.client),
-                noop,
                 floor_activities.model_call,
                 floor_activities.commit,
             ],
