@@ -9,7 +9,12 @@ The latency floors are the ones a skeptic picks (bench/floor.py): a turn against
 update-with-start + only its model call(s) as regular activities (the same scripted model)
 + the reply; a tool-using turn (model -> tool -> model) against two model calls; an approval
 against an Update + one activity that commits. Where the time goes is read from the
-histories of both sides (`history_spans`).
+histories of both sides (`history_spans`) and from each activity's run in the worker
+(`StepTimer`, local ones included).
+
+One module (over 300 lines), as each benchmark here is: its legs, their floors and the
+breakdown of where the time goes read together; bench/distributed.py and bench/idle.py reuse
+its timing helpers.
 
 Throughput: each user sends turns one after another (a conversation), the users at once;
 their repositories exist beforehand. Ours and the floor run in the order ours, floor,
