@@ -13,8 +13,8 @@ histories of both sides (`history_spans`) and from each activity's run in the wo
 (`StepTimer`, local ones included).
 
 One module (over 300 lines), as each benchmark here is: its legs, their floors and the
-breakdown of where the time goes read together; bench/distributed.py and bench/idle.py reuse
-its timing helpers.
+breakdown of where the time goes read together; bench/distributed.py reuses its timing
+helpers.
 
 Throughput: each user sends turns one after another (a conversation), the users at once;
 their repositories exist beforehand. Ours and the floor run in the order ours, floor,
