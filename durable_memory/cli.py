@@ -339,7 +339,12 @@ def cmd_chat(args: argparse.Namespace) -> None:
         raise UsageError("nothing to say: give a MESSAGE or pipe one on standard input")
     validate_user_id(args.user)
     _progress("sending the turn to Temporal and waiting for the reply...")
-    reply = _with_client(args, lambda c: c.send_message(args.user, message, turn_id=args.turn_id))
+    reply = _with_client(
+        args,
+        lambda c: c.send_message(
+            args.user, message, turn_id=args.turn_id, fresh_user=args.fresh_user
+        ),
+    )
     text = reply.reply
     pending = [d for d in reply.diffs if d.status is DiffStatus.PENDING]
     if pending:
@@ -584,6 +589,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("user")
     p.add_argument("message", nargs="?", help="the message (default: standard input)")
     p.add_argument("--turn-id")
+    p.add_argument(
+        "--fresh-user",
+        action="store_true",
+        help="start a user who was forgotten (dmem forget) afresh, with an empty memory",
+    )
     p = add("context", cmd_context, "the context window overview of a user's next turn", True)
     p.add_argument("user")
     p = add("rotate", cmd_rotate, "rotate blocks over their threshold into archival memory", True)

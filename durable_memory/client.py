@@ -269,11 +269,19 @@ class MemoryClient:
     # -- turns -----------------------------------------------------------------------------
 
     async def send_message(
-        self, user_id: str, message: str, *, turn_id: str | None = None, profile: str | None = None
+        self,
+        user_id: str,
+        message: str,
+        *,
+        turn_id: str | None = None,
+        profile: str | None = None,
+        fresh_user: bool = False,
     ) -> TurnReply:
         """Run a turn and return its reply in the same call (update-with-start). Sending again
         with the same turn id returns the same turn's reply instead of starting another.
-        `profile` chooses a new user's profile; for a user who has another, the turn fails."""
+        `profile` chooses a new user's profile; for a user who has another, the turn fails.
+        A user who was forgotten gets UserForgotten, unless `fresh_user` starts them afresh
+        with an empty memory."""
         validate_user_id(user_id)
         turn: TurnInput = _checked(
             TurnInput,
@@ -281,7 +289,10 @@ class MemoryClient:
             turn_id=turn_id or uuid.uuid4().hex,
             message=message,
             profile=profile,
+            fresh_user=fresh_user or None,
         )
+        if fresh_user:  # before anything of the turn is encoded with the user's key
+            await self._memory(self.stack.blocks.ensure_user, user_id, profile, fresh=True)
 
         async def send() -> TurnReply:  # each send needs its own start operation
             start: WithStartWorkflowOperation[Any, TurnOutcome] = WithStartWorkflowOperation(

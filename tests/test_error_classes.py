@@ -56,7 +56,7 @@ from durable_memory.models.activity_settings import (
 from durable_memory.models.recall import MessageRole, NewMessage
 from durable_memory.models.turn import TurnInput, turn_workflow_id
 from durable_memory.workflows.common import activity_options
-from tests.support.temporal_helpers import Rig, rig_settings, running_rig
+from tests.support.temporal_helpers import Rig, local_activity_marker, rig_settings, running_rig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -312,6 +312,8 @@ async def _failed_turn(rig: Rig, user_id: str, turn_id: str) -> FailedTurn:
             turn.attempts[types[started.scheduled_event_id]] = started.attempt
         elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
             turn.failure = _failure_text(event.workflow_execution_failed_event_attributes.failure)
+        elif local := local_activity_marker(event):  # a local step: its worker retried it
+            turn.attempts[local["activity_type"]] = local["attempt"]
     return turn
 
 
@@ -355,18 +357,22 @@ async def test_an_activity_past_its_timeout_on_every_attempt_ends_the_turn(
 async def test_the_server_holds_policies_naming_the_final_types(
     temporal_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
-    """Every activity's retry policy, as the server holds it, names the final domain error
-    types; a model 400 (a class whose instances choose, so never named) still ends the turn
-    at its first attempt."""
+    """Every regular activity's retry policy, as the server holds it, names the final domain
+    error types (a local step's is its worker's, built by the same function); a model 400 (a
+    class whose instances choose, so never named) still ends the turn at its first attempt."""
     settings = rig_settings(tmp_path / "data")
     quick = ActivitySettings(start_to_close_s=30, retry=QUICK)
     activities = ActivitiesSettings(memory=quick, model_call=quick)
     settings = settings.model_copy(update={"activities": activities})
     async with running_rig(temporal_env.client, settings, []) as rig:  # no reply scripted
         turn = await _failed_turn(rig, "alice", "t1")
-    assert turn.attempts == {"dmem.prepare_turn": 1, "dmem.call_model": 1}
+    assert turn.attempts == {
+        "dmem.turn_settings": 1,  # a local activity too: the worker's settings
+        "dmem.prepare_turn": 1,
+        "dmem.call_model": 1,
+    }
     assert "ModelCallError: model API error 400" in turn.failure
     final = final_error_types()
     assert {"UnknownDiff", "DiffAlreadyDecided"} <= set(final)
     assert "ModelCallError" not in final
-    assert turn.final_types == {"dmem.prepare_turn": final, "dmem.call_model": final}
+    assert turn.final_types == {"dmem.call_model": final}

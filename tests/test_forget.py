@@ -7,9 +7,11 @@ killed half-way and run again ends the same; a turn while a forget is under way 
 """
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hashlib
 import subprocess
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -25,13 +27,19 @@ from durable_memory.activities.forget import user_workflows_query
 from durable_memory.bootstrap import MemoryStack, open_stack, stack_from_settings
 from durable_memory.client import MemoryClient, TurnFailed
 from durable_memory.config import Settings
-from durable_memory.memory.core.errors import DurableMemoryError, UnknownUser, UserBeingForgotten
+from durable_memory.memory.agent.llm import AnthropicModel
+from durable_memory.memory.core.errors import (
+    DurableMemoryError,
+    UnknownUser,
+    UserBeingForgotten,
+    UserForgotten,
+)
 from durable_memory.memory.store.bare_repos import bare_repository_path
 from durable_memory.models.archive import NewPassage, PassageSource
 from durable_memory.models.diffs import Proposer
 from durable_memory.models.operations import LearnFact, SetField
 from durable_memory.models.recall import MessageRole, NewMessage
-from durable_memory.models.turn import ForgetStore, turn_workflow_id
+from durable_memory.models.turn import ForgetStore, StepInput, TurnInput, turn_workflow_id
 from durable_memory.scripted_model import ScriptedModelServer
 from tests.support.agent_helpers import edit_block, tool_use
 from tests.support.distributed import (
@@ -291,7 +299,12 @@ def test_a_user_being_forgotten_gets_no_memory_made_again(tmp_path: Path) -> Non
         assert record.user_hash == hashlib.sha256(b"alice").hexdigest()
         assert (record.requested_by, record.reason) == ("dpo", "request 12")
         assert record.completed_at is not None
-        stack.blocks.ensure_user("alice")  # once completed, a new user of that id may start
+        # Once completed, nothing is made for the user again unless a caller asks for a
+        # fresh start.
+        with pytest.raises(UserForgotten, match="fresh_user=True"):
+            stack.blocks.ensure_user("alice")
+        assert not (tmp_path / "data" / "users" / "alice").exists()
+        stack.blocks.ensure_user("alice", fresh=True)
     finally:
         stack.close()
 
@@ -465,3 +478,48 @@ async def test_a_forget_killed_mid_way_ends_fully_forgotten_when_run_again(
     assert files_holding(data, CANARY) == []
     assert tree_bytes(data / "users" / "bob") == bob
     await assert_no_execution_of(temporal_env, "alice", "forget:alice")
+
+
+def test_a_forgotten_user_stays_forgotten_until_a_caller_starts_them_afresh(
+    tmp_path: Path,
+) -> None:
+    """A model call that began before the forget and answers after it stores nothing (its
+    reply carries the canary); a later turn of the user is refused with UserForgotten, and
+    makes nothing; a turn that asks for a fresh user starts one with an empty memory."""
+    stack = open_stack(tmp_path / "data", profile="essay_coach")
+    asked, release = threading.Event(), threading.Event()
+
+    def respond(_request: dict[str, Any]) -> dict[str, Any]:
+        asked.set()
+        assert release.wait(60)
+        return {"text": f"a late reply {CANARY}"}
+
+    with (
+        ScriptedModelServer([], respond=respond) as server,
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+    ):
+        model = AnthropicModel(base_url=server.url)
+        steps = stack.turn_steps(model)
+        steps.prepare(TurnInput(user_id="alice", turn_id="t1", message="hello"))
+        late = pool.submit(steps.call_model, StepInput(user_id="alice", turn_id="t1", step=1))
+        assert asked.wait(60)
+        stack.erasures.begin("alice", "dpo@school", "request 12")
+        for store in ForgetStore:
+            stack.forget_in("alice", store)
+        stack.erasures.complete("alice")
+        release.set()
+        with pytest.raises(UserForgotten, match="was forgotten"):
+            late.result(60)
+        after_forget = user_rows(stack, "alice")
+        assert all(rows == [] for rows in after_forget.values()), after_forget
+        assert files_holding(tmp_path / "data", CANARY) == []
+        with pytest.raises(UserForgotten, match="fresh_user=True"):
+            steps.prepare(TurnInput(user_id="alice", turn_id="t2", message="again"))
+        assert user_rows(stack, "alice") == after_forget
+        assert not stack.git.repo_path("alice").exists()
+        steps.prepare(TurnInput(user_id="alice", turn_id="t3", message="again", fresh_user=True))
+        assert stack.blocks.read_block("alice", "student").fields["name"] is None
+        (record,) = stack.erasures.records("alice")
+        assert record.readmitted_at is not None
+        model.close()
+    stack.close()

@@ -46,7 +46,7 @@ from durable_memory.config import (
     Settings,
     load_settings,
 )
-from durable_memory.memory.core.errors import UserBeingForgotten
+from durable_memory.memory.core.errors import UserBeingForgotten, UserForgotten
 from durable_memory.memory.store.erasure import ErasureLedger, erase_user_rows
 from durable_memory.memory.store.users import PayloadKeyStore
 from durable_memory.models.turn import (
@@ -156,6 +156,10 @@ def test_one_key_per_user_wrapped_and_shredded_with_the_users_rows(engine: Engin
         keyring.key_for("alice")
     assert store.for_user("alice") is None
     ErasureLedger(engine).complete("alice")
+    with pytest.raises(UserForgotten):  # nor after it, by a late step of an old turn
+        keyring.key_for("alice")
+    assert store.for_user("alice") is None
+    ErasureLedger(engine).readmit("alice")  # a caller starts her afresh
     assert keyring.key_for("alice")[0] != alice_id  # a new user of that id: a new key
 
 

@@ -127,6 +127,12 @@ class TurnInput(BaseModel):
         "Accepted so that the input of turns started before (and of older clients) decodes.",
         json_schema_extra={"deprecated": True},
     )
+    fresh_user: bool | None = Field(
+        default=None,
+        description="Optional: true starts a user who was forgotten (`dmem forget`) afresh, "
+        "with an empty memory; without it, a turn of a forgotten user is refused "
+        "(UserForgotten). Ignored for a user who was never forgotten.",
+    )
     profile: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$",
@@ -510,6 +516,8 @@ class ErasureRecord(BaseModel):
     started_at: datetime
     completed_at: datetime | None = None
     """None while the erasure is under way."""
+    readmitted_at: datetime | None = None
+    """When a caller started the user afresh after it (None: nothing is written for them)."""
 
 
 class ForgetInput(BaseModel):

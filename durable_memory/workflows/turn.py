@@ -35,7 +35,7 @@ from typing import Any, Literal, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RawValue, SearchAttributeUpdate
-from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
 from temporalio.types import MethodSyncSingleParam
 
 with workflow.unsafe.imports_passed_through():
@@ -88,10 +88,13 @@ with workflow.unsafe.imports_passed_through():
         INVALID_INPUT,
         TURN_WORKFLOW,
         UNKNOWN_DIFF,
+        LocalStepFailed,
+        activity_name,
         already_decided,
         decision_refused,
         decode_input,
         is_own_outcome,
+        local_step_failure,
         step_failure,
     )
     from durable_memory.workflows.turn_details import (
@@ -195,6 +198,8 @@ class TurnWorkflow:
             return await self._run(self._turn)
         except ActivityError as error:
             return await self._fail(step_failure(error), error.activity_type)
+        except LocalStepFailed as failed:
+            return await self._fail(failed.failure, failed.step)
 
     async def _run(self, turn: TurnInput) -> TurnOutcome:
         # Set here, not by the starter, so a caller in any language gets them.
@@ -288,9 +293,17 @@ class TurnWorkflow:
         activity under the patch `local-turn-steps`, a regular one in turns from before."""
         options = activity_options(self._activities.memory)
         if self._local_steps:
-            return await workflow.execute_local_activity_method(
-                step, arg, summary=summary, **options
-            )
+            try:
+                return await workflow.execute_local_activity_method(
+                    step, arg, summary=summary, **options
+                )
+            except FailureError as error:
+                if isinstance(error, ActivityError | CancelledError):
+                    raise
+                # The SDK raises a local activity's final failure bare, not as the
+                # ActivityError a regular one gives: the turn must fail the same way.
+                name = activity_name(step)
+                raise LocalStepFailed(local_step_failure(error, name), name) from None
         return await workflow.execute_activity_method(step, arg, summary=summary, **options)
 
     @property

@@ -6,9 +6,11 @@ Every function here is deterministic; the workflow imports this module passed th
 sandbox, as it does its other non-workflow modules.
 """
 
+from collections.abc import Callable
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
+from temporalio import activity
 from temporalio.common import RawValue
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
@@ -50,9 +52,33 @@ def step_failure(error: ActivityError) -> ApplicationError:
     `<activity> failed: <error type>: <message>`; a timeout or cancellation gets that form."""
     cause = error.cause
     reason = cause.message if isinstance(cause, FailureError) else error.message
-    if not reason.startswith(error.activity_type):
-        reason = f"{error.activity_type} failed: {reason}"
+    return _named(reason, error.activity_type)
+
+
+def local_step_failure(error: FailureError, activity_type: str) -> ApplicationError:
+    """`step_failure` for a local activity, whose failure the SDK raises bare."""
+    return _named(error.message, activity_type)
+
+
+def _named(reason: str, activity_type: str) -> ApplicationError:
+    if not reason.startswith(activity_type):
+        reason = f"{activity_type} failed: {reason}"
     return ApplicationError(short_message(reason), type=TURN_FAILED, non_retryable=True)
+
+
+class LocalStepFailed(Exception):
+    """A local step's final failure, as the turn reports it (`failure`) and the step's name."""
+
+    def __init__(self, failure: ApplicationError, step: str) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+        self.step = step
+
+
+def activity_name(method: Callable[..., object]) -> str:
+    """The registered name of an activity method (its `@activity.defn(name=...)`), as the
+    SDK itself reads it."""
+    return activity._Definition.must_from_callable(method).name or method.__name__
 
 
 def already_decided(outcome: DecisionOutcome) -> ApplicationError:

@@ -203,17 +203,21 @@ async def raw_turn_reply(client: Client, task_queue: str, workflow_id: str, payl
     return await client.execute_update_with_start_workflow("reply", start_workflow_operation=start)
 
 
+def local_activity_marker(event: HistoryEvent) -> dict[str, Any] | None:
+    """What a local activity's `core_local_activity` marker records (its type, its last
+    attempt, ...), if `event` is one."""
+    marker = event.marker_recorded_event_attributes
+    if event.HasField("marker_recorded_event_attributes") and (
+        marker.marker_name == "core_local_activity"
+    ):
+        data: dict[str, Any] = json.loads(marker.details["data"].payloads[0].data)
+        return data
+    return None
+
+
 def local_activity_types(events: Iterable[HistoryEvent]) -> list[str]:
-    """The types of the local activities a history recorded, in order (their
-    `core_local_activity` markers)."""
-    found = []
-    for event in events:
-        marker = event.marker_recorded_event_attributes
-        if event.HasField("marker_recorded_event_attributes") and (
-            marker.marker_name == "core_local_activity"
-        ):
-            found.append(json.loads(marker.details["data"].payloads[0].data)["activity_type"])
-    return found
+    """The types of the local activities a history recorded, in order."""
+    return [m["activity_type"] for e in events if (m := local_activity_marker(e)) is not None]
 
 
 def scheduled_activity_types(events: Iterable[HistoryEvent]) -> list[str]:

@@ -254,7 +254,7 @@ class TurnSteps:
     def prepare(self, turn: TurnInput) -> PreparedTurn:
         """Record the user's message and compile the context (summarising on overflow)."""
         sources = self.sources
-        sources.blocks.ensure_user(turn.user_id, turn.profile)
+        sources.blocks.ensure_user(turn.user_id, turn.profile, fresh=bool(turn.fresh_user))
         # An approval recorded but not committed when a process died is finished first,
         # so no diff stays approved without its commit once the user is back.
         sources.review.finish_approvals(turn.user_id)
@@ -283,9 +283,11 @@ class TurnSteps:
         )
 
     def call_model(self, step: StepInput) -> ModelStepResult:
-        """One model call; its reply is stored, so a retry does not call the model again."""
+        """One model call; its reply is stored, so a retry does not call the model again.
+        Nothing is stored for a user forgotten meanwhile (the call may take a minute)."""
         reply = self.turns.reply(step.user_id, step.turn_id, step.step)
         if reply is None:
+            self.sources.blocks.refuse_if_forgotten(step.user_id)
             context = self.turns.context(step.user_id, step.turn_id)
             earlier = self.sources.recall.turn(step.user_id, step.turn_id, TurnPositions.FIRST_STEP)
             continuation = to_chat_messages(earlier, start_with_user=False)
@@ -294,6 +296,7 @@ class TurnSteps:
             request = model_request(context, continuation, ttl)
             reply = self.model.create(settings, request.system, request.messages, request.tools)
             check_tool_calls(reply)
+            self.sources.blocks.refuse_if_forgotten(step.user_id)
             reply = self.turns.save_reply(step.user_id, step.turn_id, step.step, reply)
             crash_point(AFTER_MODEL_CALL)
         self.sources.recall.append(
@@ -311,6 +314,7 @@ class TurnSteps:
 
     def run_tools(self, step: StepInput) -> ToolStepResult:
         """Execute the tool calls of a step's reply; edits become pending diffs."""
+        self.sources.blocks.refuse_if_forgotten(step.user_id)
         reply = self.turns.reply(step.user_id, step.turn_id, step.step)
         if reply is None:
             raise DurableMemoryError(f"turn {step.turn_id} step {step.step} has no reply")
@@ -341,6 +345,7 @@ class TurnSteps:
     def finish(self, finish: FinishInput) -> FinishedTurn:
         """Note a step-limit stop in recall; describe the proposed diffs for the reply and UI."""
         sources = self.sources
+        sources.blocks.refuse_if_forgotten(finish.user_id)
         if finish.stopped_at_step_limit:
             note = NewMessage(role=MessageRole.ASSISTANT, content=step_limit_note(finish.max_steps))
             sources.recall.append(

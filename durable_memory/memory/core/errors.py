@@ -139,6 +139,12 @@ class UserBeingForgotten(DurableMemoryError):
     until it does (`dmem forget` finishes it)."""
 
 
+class UserForgotten(DurableMemoryError):
+    """The user was forgotten: nothing is written for them again (a late step of a turn
+    begun before the forget, a retried request) unless a caller starts them afresh on
+    purpose (`send_message(..., fresh_user=True)`, `dmem chat --fresh-user`)."""
+
+
 class StoreBusy(DurableMemoryError):
     """A store could not finish a step yet because another party held it (a SQLite reader
     kept the WAL from being emptied; Temporal's visibility still lists what was deleted):

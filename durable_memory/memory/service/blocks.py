@@ -61,7 +61,7 @@ class Blocks:
         self._access.users.register(found)
         return len(found)
 
-    def ensure_user(self, user_id: str, profile: str | None = None) -> str:
+    def ensure_user(self, user_id: str, profile: str | None = None, *, fresh: bool = False) -> str:
         """Create the user's repository with every block of their profile at its default, and
         the record naming the profile (`profile`, else the deployment's default); idempotent.
 
@@ -69,12 +69,16 @@ class Blocks:
         change is an explicit operation (`DirectEdits.set_profile`). Blocks the profile gained
         since are added in a commit of their own; so is the record, for a repository made
         before profiles were recorded (it keeps the default it was made with).
+
+        A forgotten user is not made again (UserForgotten) unless `fresh`: a caller starting
+        them afresh on purpose; nothing is made while their forget is under way.
         """
         validate_user_id(user_id)
         if profile is not None:
             self._access.profiles.get(profile)  # an unknown name is refused before anything
-        # Nothing of a user being forgotten is made again until the forget completes.
-        self._access.users.refuse_if_forgetting(user_id)
+        if fresh:
+            self._access.users.readmit(user_id)
+        self._access.users.refuse_if_forgotten(user_id)
         head = self._ensure_repository(user_id, profile)
         self._access.users.register([user_id])  # after the repository exists
         return head
@@ -112,6 +116,10 @@ class Blocks:
     def read_block_at(self, user_id: str, label: str, sha: str) -> Block:
         spec = self.spec(user_id, label)
         return Block(label, spec, self._access.read_at(user_id, label, sha), sha)
+
+    def refuse_if_forgotten(self, user_id: str) -> None:
+        """UserBeingForgotten / UserForgotten: for a step about to write for the user."""
+        self._access.users.refuse_if_forgotten(user_id)
 
     def read_blocks_and_base(
         self, user_id: str, base: str | None

@@ -20,7 +20,12 @@ from datetime import UTC, datetime
 from sqlalchemy import Engine
 from sqlmodel import Field, Session, SQLModel, col, select
 
-from durable_memory.memory.core.errors import DurableMemoryError, StoreBusy, UserBeingForgotten
+from durable_memory.memory.core.errors import (
+    DurableMemoryError,
+    StoreBusy,
+    UserBeingForgotten,
+    UserForgotten,
+)
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.recall import RECALL_FTS
 from durable_memory.memory.store.sql import immediate, raw_sqlite, utc
@@ -56,6 +61,7 @@ class ErasureRow(SQLModel, table=True):
     reason: str = Field(max_length=2000)
     started_at: datetime
     completed_at: datetime | None = None
+    readmitted_at: datetime | None = None
 
 
 def _record(row: ErasureRow) -> ErasureRecord:
@@ -65,6 +71,7 @@ def _record(row: ErasureRow) -> ErasureRecord:
         reason=row.reason,
         started_at=utc(row.started_at),
         completed_at=utc(row.completed_at) if row.completed_at is not None else None,
+        readmitted_at=utc(row.readmitted_at) if row.readmitted_at is not None else None,
     )
 
 
@@ -124,6 +131,43 @@ class ErasureLedger:
                 f"{utc(row.started_at).isoformat(timespec='seconds')}): no turn or change is "
                 "accepted until it completes"
             )
+
+    def refuse_if_forgotten(self, user_id: str) -> None:
+        """UserBeingForgotten while the user's erasure is under way; UserForgotten once it
+        completed, until a caller starts the user afresh (`readmit`). So a step of a turn
+        begun before the forget, or a request retried after it, writes nothing again."""
+        self.refuse_if_open(user_id)
+        latest = self._latest(user_id)
+        if latest is not None and latest.readmitted_at is None:
+            assert latest.completed_at is not None  # none is open (above)
+            raise UserForgotten(
+                f"user '{user_id}' was forgotten on "
+                f"{utc(latest.completed_at).date().isoformat()}: nothing is kept or written for "
+                "them; to start them again with an empty memory, ask for it "
+                "(send_message(..., fresh_user=True), dmem chat --fresh-user)"
+            )
+
+    def readmit(self, user_id: str) -> None:
+        """A caller starts the forgotten user afresh (idempotent; UserBeingForgotten while a
+        forget is under way)."""
+        self.refuse_if_open(user_id)
+        with Session(self.engine) as session:
+            row = self._latest(user_id, session)
+            if row is not None and row.readmitted_at is None:
+                row.readmitted_at = datetime.now(UTC)
+                session.add(row)
+                session.commit()
+
+    def _latest(self, user_id: str, session: Session | None = None) -> ErasureRow | None:
+        query = (
+            select(ErasureRow)
+            .where(ErasureRow.user_hash == user_hash(user_id))
+            .order_by(col(ErasureRow.started_at).desc())
+        )
+        if session is not None:
+            return session.exec(query).first()
+        with Session(self.engine) as own:
+            return own.exec(query).first()
 
     def records(self, user_id: str) -> list[ErasureRecord]:
         """The user's erasure records, newest first."""

@@ -65,9 +65,14 @@ class UserDirectory:
                     insert(UserRow).values(batch).on_conflict_do_nothing(index_elements=["user_id"])
                 )
 
-    def refuse_if_forgetting(self, user_id: str) -> None:
-        """UserBeingForgotten while the user's erasure is under way (store/erasure.py)."""
-        ErasureLedger(self.engine).refuse_if_open(user_id)
+    def refuse_if_forgotten(self, user_id: str) -> None:
+        """UserBeingForgotten while the user's erasure is under way, UserForgotten after it
+        until a caller starts them afresh (store/erasure.py)."""
+        ErasureLedger(self.engine).refuse_if_forgotten(user_id)
+
+    def readmit(self, user_id: str) -> None:
+        """A caller starts a forgotten user afresh (nothing of before comes back)."""
+        ErasureLedger(self.engine).readmit(validate_user_id(user_id))
 
     def users(self) -> list[str]:
         """Every registered user, in id order."""
@@ -116,8 +121,9 @@ class PayloadKeyStore:
     def add(self, candidate: StoredKey) -> StoredKey:
         """Keep `candidate` as its user's key unless the user has one already (two processes
         making the first key at once: one wins, both get the winner). UserBeingForgotten while
-        the user's forget is under way."""
-        ErasureLedger(self.engine).refuse_if_open(candidate.user_id)
+        the user's forget is under way, UserForgotten after it until they are started afresh:
+        a late step of a turn begun before the forget makes no key for them again."""
+        ErasureLedger(self.engine).refuse_if_forgotten(candidate.user_id)
         insert = postgresql_insert if self.engine.dialect.name == "postgresql" else sqlite_insert
         with self.engine.begin() as conn:
             conn.execute(
@@ -133,7 +139,7 @@ class PayloadKeyStore:
             )
         kept = self.for_user(candidate.user_id)
         if kept is None:  # deleted by a forget between the two statements
-            ErasureLedger(self.engine).refuse_if_open(candidate.user_id)
+            ErasureLedger(self.engine).refuse_if_forgotten(candidate.user_id)
             raise LookupError(f"the key of user '{candidate.user_id}' vanished as it was made")
         return kept
 
