@@ -437,6 +437,30 @@ def cmd_forget(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_redact(args: argparse.Namespace) -> None:
+    validate_user_id(args.user)
+    validate_author_name(args.as_name)
+    if not args.reason.strip():
+        raise UsageError("redacting a text needs a reason")
+    if not args.yes:
+        raise UsageError(
+            f"this rewrites the history of block '{args.block}' of user '{args.user}' (every "
+            "commit id changes) and removes the text from every store, for good: add --yes to "
+            "confirm"
+        )
+    _progress(f"redacting a text from block '{args.block}' of user '{args.user}' ...")
+    record = _with_client(
+        args, lambda c: c.redact(args.user, args.block, args.text, args.as_name, args.reason)
+    )
+    _emit(
+        args,
+        record,
+        f"redacted a text (sha256 {record.text_sha256[:16]}...) from block '{record.label}' "
+        f"of user '{args.user}': {len(record.commits)} commit(s) rewritten, record "
+        f"{record.record_commit[:12]} by {record.requested_by}",
+    )
+
+
 def cmd_worker(args: argparse.Namespace) -> None:
     from durable_memory.workers.main import run_worker_command
 
@@ -722,6 +746,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--as", dest="as_name", required=True, help="who asks for the erasure")
     p.add_argument("--reason", required=True, help="why (kept in the erasure record)")
     p.add_argument("--yes", action="store_true", help="confirm: nothing can be undone")
+    p = add("redact", cmd_redact, "remove a text from every version of a block, everywhere", True)
+    p.add_argument("user")
+    p.add_argument("--block", required=True, help="the block's label")
+    p.add_argument("--text", required=True, help="the text to remove, exactly as stored")
+    p.add_argument("--as", dest="as_name", required=True, help="who asks for the redaction")
+    p.add_argument("--reason", required=True, help="why (kept in the redaction record)")
+    p.add_argument("--yes", action="store_true", help="confirm: history is rewritten")
     p = add("recall", cmd_recall, "search a user's recall memory (every message)", True)
     p.add_argument("user")
     p.add_argument("query", nargs="?", default="")

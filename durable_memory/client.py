@@ -76,12 +76,14 @@ from durable_memory.memory.core.ids import validate_diff_id, validate_user_id
 from durable_memory.memory.core.limits import cut_at_word
 from durable_memory.memory.core.policies import StandingApproval
 from durable_memory.memory.service.access import block_spec
+from durable_memory.memory.service.redaction import Redactions, redaction_id
 from durable_memory.memory.store.git import validate_author_name
 from durable_memory.models.archive import ArchiveSearch, PassageHit
 from durable_memory.models.blocks import AgentProfile
 from durable_memory.models.context import ContextWindowOverview
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.history import Author, AuthorKind, CommitInfo
+from durable_memory.models.redaction import RedactInput, RedactionRecord, redact_workflow_id
 from durable_memory.models.turn import (
     DecisionOutcome,
     DiffDecision,
@@ -100,6 +102,7 @@ from durable_memory.models.turn import (
 )
 from durable_memory.workflows.common import USER_ID
 from durable_memory.workflows.forget import ForgetWorkflow
+from durable_memory.workflows.redact import RedactWorkflow
 from durable_memory.workflows.rotation import RotationSweepWorkflow, RotationWorkflow
 from durable_memory.workflows.turn import TurnWorkflow
 from durable_memory.workflows.turn_boundary import (
@@ -568,6 +571,55 @@ class MemoryClient:
                 "run it again to finish it"
             )
         return records[0]
+
+    async def redact(
+        self, user_id: str, label: str, text: str, requested_by: str, reason: str
+    ) -> RedactionRecord:
+        """Remove `text` from every version of block `label` of the user, and from the user's
+        rows and archival passages (docs/governance.md "Redact a version"); return the
+        redaction record. A request that cannot be made is refused here, before anything
+        starts; otherwise the redaction workflow runs, and deletes its own execution (its input
+        holds the text). A redaction that failed or was killed is finished by calling this
+        again with the same text."""
+        request: RedactInput = _checked(
+            RedactInput,
+            user_id=user_id,
+            label=label,
+            text=text,
+            requested_by=requested_by,
+            reason=reason,
+            redaction_id=redaction_id(user_id, label, text),
+        )
+        redactions = Redactions(self.stack.blocks, self.stack.git, self.stack.engine)
+        await self._memory(redactions.preflight, request)
+        try:
+            handle = await self.client.start_workflow(
+                RedactWorkflow.run,
+                request,
+                id=redact_workflow_id(request.user_id),
+                task_queue=self.settings.temporal.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                search_attributes=TypedSearchAttributes([SearchAttributePair(USER_ID, user_id)]),
+                static_summary=f"Redact a text from block {label} of user {user_id}",
+            )
+        except RPCError as error:
+            raise TemporalUnavailable(f"the redaction could not start: {error.message}") from None
+        failure = ""
+        try:
+            await handle.result()  # its last step deletes it: this ends in an error
+        except WorkflowFailureError as error:
+            failure = failure_message(error)
+        except RPCError as error:  # its history was deleted while we read it
+            if error.status != RPCStatusCode.NOT_FOUND:
+                raise TemporalUnavailable(f"the redaction's result: {error.message}") from None
+        record = await self._memory(redactions.recorded, request.user_id, request.redaction_id)
+        if failure or record is None:
+            raise DurableMemoryError(
+                f"the redaction in block '{label}' of user '{user_id}' did not complete "
+                f"({failure or 'another redaction of the user was under way'}); run it again "
+                "to finish it"
+            )
+        return record
 
     # -- rotation --------------------------------------------------------------------------
 

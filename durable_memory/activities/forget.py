@@ -56,6 +56,31 @@ def _names_user(workflow_id: str, user_id: str) -> bool:
     return True
 
 
+async def delete_execution(client: Client, workflow_id: str, run_id: str) -> None:
+    """Delete one workflow execution, its history with it (idempotent)."""
+    try:
+        await client.workflow_service.delete_workflow_execution(
+            DeleteWorkflowExecutionRequest(
+                namespace=client.namespace,
+                workflow_execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id),
+            )
+        )
+    except RPCError as error:
+        if error.status != RPCStatusCode.NOT_FOUND:  # deleted already
+            raise
+
+
+async def delete_own_execution(client: Client) -> None:
+    """An activity's last act for a workflow whose input must not stay in Temporal (a forget's
+    names the user, a redaction's holds the text): delete the workflow's execution. The
+    server terminates it first, so the activity's completion is never recorded."""
+    info = activity.info()
+    if info.workflow_id is None or info.workflow_run_id is None:
+        raise TypeError(f"{info.activity_type} runs only in a workflow")
+    log.info("deleting the execution %s (its own last step)", info.workflow_id)
+    await delete_execution(client, info.workflow_id, info.workflow_run_id)
+
+
 class ForgetActivities:
     def __init__(self, stack: MemoryStack, client: Client) -> None:
         self.stack = stack
@@ -119,7 +144,7 @@ class ForgetActivities:
             while listed := await self._listed(user_id):
                 for workflow_id, run_id, _ in listed:
                     if run_id not in deleted:
-                        await self._delete(workflow_id, run_id)
+                        await delete_execution(self.client, workflow_id, run_id)
                         deleted.add(run_id)
                 if waited >= LISTED_EMPTY_WAIT:
                     raise StoreBusy(
@@ -131,25 +156,9 @@ class ForgetActivities:
                 waited += step
             return len(deleted)
 
-    async def _delete(self, workflow_id: str, run_id: str) -> None:
-        try:
-            await self.client.workflow_service.delete_workflow_execution(
-                DeleteWorkflowExecutionRequest(
-                    namespace=self.client.namespace,
-                    workflow_execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id),
-                )
-            )
-        except RPCError as error:
-            if error.status != RPCStatusCode.NOT_FOUND:  # deleted already
-                raise
-
     @activity.defn(name="dmem.delete_forget_execution")
     async def delete_forget_execution(self) -> None:
         """The forget's last step: delete its own execution (its input names the user). The
         server terminates it first, so this activity's completion is never recorded."""
         with classified_errors():
-            info = activity.info()
-            if info.workflow_id is None or info.workflow_run_id is None:
-                raise TypeError("dmem.delete_forget_execution runs only in a forget workflow")
-            log.info("deleting the forget's own execution %s", info.workflow_id)
-            await self._delete(info.workflow_id, info.workflow_run_id)
+            await delete_own_execution(self.client)

@@ -6,7 +6,9 @@ the password of HTTP basic auth, compared in constant time) or gets 401; the use
 is validated before any path is built, and only the smart protocol's three endpoints are served
 (no dumb HTTP file access); a missing repository is created, atomically, on the first push;
 request bodies are bounded (413); the backend's stderr is logged and a backend that hangs is
-killed after a timeout (504). `DELETE /<user>.git` (with the token) deletes a user's
+killed after a timeout (504). A push with the `Dmem-History-Rewrite` header (`dmem redact`) may
+replace main by a rewritten history (still lease-protected), and the repository is
+garbage-collected after it. `DELETE /<user>.git` (with the token) deletes a user's
 repository, for `dmem forget`: renamed out of place, then removed (204; 404 if there is none).
 """
 
@@ -32,6 +34,7 @@ from durable_memory.memory.store.bare_repos import (
     existing_bare_repository,
     install_hook,
 )
+from durable_memory.memory.store.git.redact import HISTORY_REWRITE_HEADER, prune_repository
 
 log = logging.getLogger(__name__)
 
@@ -150,10 +153,17 @@ class _Handler(BaseHTTPRequestHandler):
             log.warning("refused %s: %s", self.path[:200], error)
             self._refuse(HTTPStatus.NOT_FOUND, str(error))
             return
+        # A push rewriting history (`dmem redact`) is let through the non-fast-forward guard,
+        # still lease-protected by the client's --force-with-lease; its repository is
+        # garbage-collected once it is done, so nothing of the old history stays here.
+        rewrite = service == "git-receive-pack" and HISTORY_REWRITE_HEADER in self.headers
         # The path the backend sees is rebuilt from the validated parts, not passed through.
-        self._run_backend(f"/{user_id}.git/{endpoint}", query)
+        self._run_backend(f"/{user_id}.git/{endpoint}", query, rewrite=rewrite)
+        if rewrite and endpoint == "git-receive-pack":
+            log.info("user '%s': history rewritten (dmem redact); pruning the old", user_id)
+            prune_repository(settings.root / f"{user_id}.git")
 
-    def _run_backend(self, path: str, query: str) -> None:
+    def _run_backend(self, path: str, query: str, *, rewrite: bool = False) -> None:
         settings = self.settings
         headers = {name.lower(): value for name, value in self.headers.items()}
         with tempfile.TemporaryFile() as body:
@@ -187,6 +197,10 @@ class _Handler(BaseHTTPRequestHandler):
                 env["HTTP_CONTENT_ENCODING"] = headers["content-encoding"]
             if "git-protocol" in headers:
                 env["GIT_PROTOCOL"] = headers["git-protocol"]
+            if rewrite:
+                env["GIT_CONFIG_COUNT"] = "1"
+                env["GIT_CONFIG_KEY_0"] = "receive.denyNonFastForwards"
+                env["GIT_CONFIG_VALUE_0"] = "false"
             # Its own process group: a timeout kills the backend's children (receive-pack, the
             # hook) with it, where killing the backend alone would leave them running.
             process = subprocess.Popen(

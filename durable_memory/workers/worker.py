@@ -14,6 +14,7 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from durable_memory.activities.forget import ForgetActivities
+from durable_memory.activities.redact import RedactActivities
 from durable_memory.activities.rotation import RotationActivities
 from durable_memory.activities.turn import TurnActivities
 from durable_memory.bootstrap import MemoryStack, stack_from_settings
@@ -21,10 +22,17 @@ from durable_memory.config import ConfigError, Settings
 from durable_memory.memory.agent.steps import ChatModel
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
 from durable_memory.workflows.forget import ForgetWorkflow
+from durable_memory.workflows.redact import RedactWorkflow
 from durable_memory.workflows.rotation import RotationSweepWorkflow, RotationWorkflow
 from durable_memory.workflows.turn import TurnWorkflow
 
-WORKFLOWS: Sequence[type] = (TurnWorkflow, RotationWorkflow, RotationSweepWorkflow, ForgetWorkflow)
+WORKFLOWS: Sequence[type] = (
+    TurnWorkflow,
+    RotationWorkflow,
+    RotationSweepWorkflow,
+    ForgetWorkflow,
+    RedactWorkflow,
+)
 ACTIVITY_THREADS = 16
 
 
@@ -35,6 +43,7 @@ def activities_for(
     turns = TurnActivities(stack, stack.turn_steps(model), settings.turn_settings())
     rotation = RotationActivities(stack)
     forget = ForgetActivities(stack, client)
+    redact = RedactActivities(stack, client)
     return [
         turns.turn_settings,
         turns.prepare_turn,
@@ -54,6 +63,10 @@ def activities_for(
         forget.delete_user_workflows,
         forget.complete_forget,
         forget.delete_forget_execution,
+        redact.redact_repository,
+        redact.redact_rows,
+        redact.redact_passages,
+        redact.delete_redact_execution,
     ]
 
 

@@ -233,6 +233,14 @@ class SqliteArchive:
         self._cache.forget(user_id)
         return int(deleted)
 
+    def purge_deleted(self) -> None:
+        """Drop what deleted passages left in the file: merge the full-text index (FTS5 keeps
+        a deleted row's tokens in old segments until then) and empty the WAL (dmem redact)."""
+        db = self._db()
+        with immediate(db):
+            db.execute(f"INSERT INTO {PASSAGES_FTS.name} ({PASSAGES_FTS.name}) VALUES ('optimize')")
+        truncate_wal(db)
+
     # -- reads -----------------------------------------------------------------------------
 
     def count(self, user_id: str) -> int:

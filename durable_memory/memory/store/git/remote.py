@@ -46,6 +46,12 @@ from durable_memory.memory.store.bare_repos import (
 )
 from durable_memory.memory.store.git.advertisement import advertised_main
 from durable_memory.memory.store.git.commits import git_process, run_git
+from durable_memory.memory.store.git.redact import (
+    HISTORY_REWRITE_HEADER,
+    move_main,
+    prune_repository,
+    purge,
+)
 from durable_memory.memory.store.git.refs import (
     BRANCH_REF,
     FULL_SHA,
@@ -321,9 +327,69 @@ class RemoteGitBlockStore(GitBlockStore):
                 run_git(repo, lock, "reflog", "expire", "--expire=now", "--all")
                 run_git(repo, lock, "gc", "--prune=now", "--quiet")
         else:
+            local_head = read_head(git_dir)
             run_git(repo, lock, "reset", "--hard", "--quiet", remote_head)
+            if local_head is not None and not self._is_ancestor(repo, local_head, remote_head):
+                # The remote's history was rewritten (`dmem redact`): the clone keeps nothing
+                # of the old one, in its objects, reflogs or its snapshots in memory.
+                self.cache.forget(user_id)
+                purge(repo, lock, extra_refs=("ORIG_HEAD",))
         run_git(repo, lock, "clean", "-ffdxq")
         return remote_head
+
+    @staticmethod
+    def _is_ancestor(repo: git.Repo, ancestor: str, descendant: str) -> bool:
+        result = git_process(
+            "merge-base", "--is-ancestor", ancestor, descendant, cwd=repo.git_dir, lock=None
+        )
+        return result.returncode == 0
+
+    def replace_history(self, tx: RepoTransaction, old: str, new: str) -> None:
+        """Replace the remote's main `old` by the rewritten history `new` with a lease-protected
+        force push (GitRemoteContended if another writer moved it first), prune the old
+        objects there, then make the clone the same (`dmem redact`, store/git/redact.py).
+        A shared directory's repository is pushed to by a receive-pack run here, told to
+        accept this one non-fast-forward update, and garbage-collected here; `dmem git-serve`
+        is asked by a header (with the token) and collects its own garbage at once."""
+        rewrite: tuple[str, ...] = (
+            "--receive-pack=git -c receive.denyNonFastForwards=false receive-pack",
+        )
+        env: dict[str, str] = {}
+        if self._shared_dir is None:
+            rewrite = ()
+            count = int(self._env["GIT_CONFIG_COUNT"])
+            env = {
+                "GIT_CONFIG_COUNT": str(count + 1),
+                f"GIT_CONFIG_KEY_{count}": "http.extraHeader",
+                f"GIT_CONFIG_VALUE_{count}": f"{HISTORY_REWRITE_HEADER}: {old}",
+            }
+        pins: dict[str, str | None] | None = getattr(self._pins, "users", None)
+        if pins is not None:
+            pins.pop(tx.user_id, None)
+        self._network(
+            tx.lock,
+            "push",
+            "--porcelain",
+            "--quiet",
+            f"--force-with-lease={BRANCH_REF}:{old}",
+            *rewrite,
+            self.remote_url(tx.user_id),
+            f"{new}:{BRANCH_REF}",
+            repo=tx.repo,
+            env=env,
+        )
+        move_main(tx.repo, tx.lock, new, old)
+        self.purge_history(tx)
+
+    def purge_history(self, tx: RepoTransaction) -> None:
+        """Drop the old history's objects from the clone and from a shared directory's bare
+        repository (idempotent; `dmem git-serve` drops its own when it accepts the rewrite)."""
+        if self._shared_dir is not None:
+            bare = existing_bare_repository(self._shared_dir, tx.user_id)
+            if bare is not None:
+                prune_repository(bare)
+        self.cache.forget(tx.user_id)
+        purge(tx.repo, tx.lock, extra_refs=("ORIG_HEAD", REMOTE_REF))
 
     def _push(self, tx: RemoteTransaction, sha: str) -> None:
         pins: dict[str, str | None] | None = getattr(self._pins, "users", None)
@@ -347,6 +413,7 @@ class RemoteGitBlockStore(GitBlockStore):
         repo: git.Repo | None = None,
         missing_ok: bool = False,
         unborn_ok: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> str | None:
         """Run a git command that talks to the remote; its output, or None when the
         repository (`missing_ok`) or its main (`unborn_ok`) does not exist there."""
@@ -355,7 +422,7 @@ class RemoteGitBlockStore(GitBlockStore):
                 *args,
                 cwd=repo.working_tree_dir if repo is not None else None,
                 lock=lock,
-                env=self._env,
+                env={**self._env, **(env or {})},
                 timeout=NETWORK_TIMEOUT_S,
             )
         except subprocess.TimeoutExpired:

@@ -27,6 +27,7 @@ from durable_memory.memory.store.git.layout import block_path
 from durable_memory.memory.store.git.locking import user_lock
 from durable_memory.memory.store.git.messages import commit_info
 from durable_memory.memory.store.git.recovery import recover
+from durable_memory.memory.store.git.redact import move_main, purge
 from durable_memory.memory.store.git.snapshots import SnapshotCache
 from durable_memory.memory.store.git.transaction import RepoTransaction
 from durable_memory.memory.store.safe_files import kind_of
@@ -115,6 +116,17 @@ class GitBlockStore:
             with user_lock(self.users_dir, user_id):
                 return int(discard_tree(path))
         return int(discard_tree(path))
+
+    def replace_history(self, tx: RepoTransaction, old: str, new: str) -> None:
+        """Move main from `old` to the rewritten history `new` (compare-and-swap) and drop
+        every object of the old one (`dmem redact`, store/git/redact.py)."""
+        move_main(tx.repo, tx.lock, new, old)
+        self.purge_history(tx)
+
+    def purge_history(self, tx: RepoTransaction) -> None:
+        """Drop what is unreachable from main, here and in memory (idempotent)."""
+        self.cache.forget(tx.user_id)
+        purge(tx.repo, tx.lock, extra_refs=("ORIG_HEAD",))
 
     @contextlib.contextmanager
     def pinned(self) -> Iterator[None]:
