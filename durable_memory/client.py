@@ -48,6 +48,7 @@ from temporalio.client import (
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
+from temporalio.exceptions import TerminatedError
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from durable_memory.bootstrap import MemoryStack, stack_from_settings
@@ -608,7 +609,8 @@ class MemoryClient:
         try:
             await handle.result()  # its last step deletes it: this ends in an error
         except WorkflowFailureError as error:
-            failure = failure_message(error)
+            if not isinstance(error.cause, TerminatedError):  # deleted: terminated first
+                failure = failure_message(error)
         except RPCError as error:  # its history was deleted while we read it
             if error.status != RPCStatusCode.NOT_FOUND:
                 raise TemporalUnavailable(f"the redaction's result: {error.message}") from None

@@ -140,7 +140,7 @@ def _record(tx: RepoTransaction, sha: str) -> RedactionRecord:
     return RedactionRecord(
         redaction_id=trailers[REDACTION_ID],
         label=trailers["Redacted-Block"],
-        text_sha256=trailers["Redacted-Text-Sha256"],
+        text_sha256=trailers["Redacted-Text-Hash"].removeprefix("sha256:"),
         requested_by=trailers["Redacted-By"],
         reason=message_text(commit).partition("\n\n")[2].split("\n\n")[0],
         record_commit=sha,

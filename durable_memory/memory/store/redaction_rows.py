@@ -13,7 +13,7 @@ and merged, and the WAL is emptied (store/erasure.py).
 import json
 from collections.abc import Iterator, Mapping
 
-from sqlalchemy import Column, Connection, Engine, String, Table, func, text
+from sqlalchemy import Column, Connection, Engine, String, Table, TypeDecorator, func, text
 from sqlmodel import SQLModel
 
 from durable_memory.memory.core.ids import validate_user_id
@@ -32,7 +32,9 @@ def spellings(needle: str) -> list[str]:
 def _text_columns(table: Table) -> Iterator[Column[str]]:
     keys = {c.name for c in table.primary_key.columns} | {"user_id"}
     for column in table.columns:
-        if isinstance(column.type, String) and column.name not in keys:
+        # SQLModel's str columns are AutoString, a TypeDecorator over String.
+        kind = column.type.impl if isinstance(column.type, TypeDecorator) else column.type
+        if isinstance(kind, String) and column.name not in keys:
             yield column
 
 

@@ -246,7 +246,7 @@ def record_message(
         {
             REDACTION_ID: redaction_id,
             "Redacted-Block": label,
-            "Redacted-Text-Sha256": text_hash(text),
+            "Redacted-Text-Hash": f"sha256:{text_hash(text)}",
             "Redacted-By": by,
         },
     )
