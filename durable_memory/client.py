@@ -83,8 +83,14 @@ from durable_memory.models.archive import ArchiveSearch, PassageHit
 from durable_memory.models.blocks import AgentProfile
 from durable_memory.models.context import ContextWindowOverview
 from durable_memory.models.diffs import DiffStatus, PendingDiff
-from durable_memory.models.history import Author, AuthorKind, CommitInfo
-from durable_memory.models.redaction import RedactInput, RedactionRecord, redact_workflow_id
+from durable_memory.models.history import (
+    Author,
+    AuthorKind,
+    CommitInfo,
+    RedactInput,
+    RedactionRecord,
+    redact_workflow_id,
+)
 from durable_memory.models.turn import (
     DecisionOutcome,
     DiffDecision,

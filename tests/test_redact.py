@@ -24,14 +24,13 @@ from durable_memory.memory.core.errors import (
     UnknownBlock,
 )
 from durable_memory.memory.service.redaction import Redactions, redaction_id
-from durable_memory.memory.store.git.redact import REDACTED, rewrite_history
-from durable_memory.memory.store.redaction_rows import rows_holding as user_rows_holding
+from durable_memory.memory.store.redaction.history import REDACTED, rewrite_history
+from durable_memory.memory.store.redaction.rows import rows_holding as user_rows_holding
 from durable_memory.models.archive import NewPassage, PassageSource
 from durable_memory.models.diffs import DiffStatus, PendingDiff, Proposer
-from durable_memory.models.history import Author, AuthorKind
+from durable_memory.models.history import Author, AuthorKind, RedactInput, RedactionRecord
 from durable_memory.models.operations import LearnFact, SetField
 from durable_memory.models.recall import MessageRole, NewMessage
-from durable_memory.models.redaction import RedactInput, RedactionRecord
 from durable_memory.models.turn import turn_workflow_id
 from tests.support.agent_helpers import edit_block
 from tests.support.distributed import GIT_TOKEN, git_server
@@ -119,7 +118,8 @@ def check_redacted(stack: MemoryStack, repository: Path, before: list[str]) -> R
     assert len(after) == len(before) + 1  # every version kept, and the record
     assert [entry.replace(SECRET, REDACTED) for entry in before] == after[:-1]
     assert f"Redaction-Id: {record.redaction_id}" in after[-1]
-    assert SECRET not in after[-1] and "dpo@school" in after[-1]
+    assert SECRET not in after[-1]
+    assert "dpo@school" in after[-1]
     assert SECRET.encode() not in all_git_objects(repository)
     assert user_rows_holding(stack.engine, "alice", SECRET) == 0
     assert count_passages_holding(stack.archive, "alice", SECRET) == 0
@@ -128,7 +128,8 @@ def check_redacted(stack: MemoryStack, repository: Path, before: list[str]) -> R
     # The approved diffs point at the rewritten commits, which exist.
     new_shas = set(record.commits.values())
     decided = stack.review.proposals("alice", "human", [DiffStatus.APPROVED], 50)
-    assert decided and all(diff.commit_sha in new_shas for diff in decided)
+    assert decided
+    assert all(diff.commit_sha in new_shas for diff in decided)
     # Done is done: run again, it finds its record and changes nothing.
     assert redact_everywhere(stack, request()) == record
     return record
@@ -177,7 +178,10 @@ def test_the_remote_and_every_clone_lose_the_text(tmp_path: Path, served: bool) 
             cleanup.enter_context(
                 contextlib.closing(
                     open_stack(
-                        tmp_path / host, profile="essay_coach", git_remote=remote, git_token=GIT_TOKEN
+                        tmp_path / host,
+                        profile="essay_coach",
+                        git_remote=remote,
+                        git_token=GIT_TOKEN,
                     )
                 )
             )
@@ -224,7 +228,8 @@ def test_a_lost_lease_reruns_on_the_new_history_and_redacts_it_too(tmp_path: Pat
 
         here.git.replace_history = approve_first  # type: ignore[method-assign]
         record = redactions.redact_repository(request())
-        assert raced and raced[0].commit_sha in record.commits
+        assert raced
+        assert raced[0].commit_sha in record.commits
         assert SECRET.encode() not in all_git_objects(shared / "alice.git")
         assert facts(there, "alice")[-1] == f"moved from {REDACTED}"
     finally:
@@ -247,8 +252,8 @@ def test_a_kill_mid_rewrite_leaves_the_old_history_and_a_rerun_finishes(tmp_path
                 tx.head,
                 label="human",
                 text=SECRET,
-                check=lambda sha, text: None,
-                record=lambda commits, n: ("Redact\n", Author(name="x", kind=AuthorKind.USER)),
+                check=lambda _sha, _text: None,
+                record=lambda _commits, _n: ("Redact\n", Author(name="x", kind=AuthorKind.USER)),
             )
         assert stack.git.head("alice") == head
         assert FACT in facts(stack, "alice")
@@ -325,7 +330,8 @@ async def test_redact_through_the_client_and_the_next_turn_works(
 
         record = await rig.client.redact("alice", "human", SECRET, "dpo@school", "by mistake")
 
-        assert record.requested_by == "dpo@school" and record.label == "human"
+        assert record.requested_by == "dpo@school"
+        assert record.label == "human"
         assert rows_holding(rig.stack, SECRET) == []
         assert SECRET.encode() not in all_git_objects(tmp_path / "data" / "users" / "alice")
         with pytest.raises(Exception, match="not found"):  # its own execution is deleted

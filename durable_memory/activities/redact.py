@@ -10,7 +10,7 @@ from durable_memory.activities.forget import delete_own_execution
 from durable_memory.bootstrap import MemoryStack
 from durable_memory.memory.archive.redaction import redact_passages
 from durable_memory.memory.service.redaction import Redactions
-from durable_memory.models.redaction import RedactInput, RedactionRecord
+from durable_memory.models.history import RedactInput, RedactionRecord
 
 
 class RedactActivities:

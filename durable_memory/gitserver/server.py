@@ -34,7 +34,7 @@ from durable_memory.memory.store.bare_repos import (
     existing_bare_repository,
     install_hook,
 )
-from durable_memory.memory.store.git.redact import HISTORY_REWRITE_HEADER, prune_repository
+from durable_memory.memory.store.redaction.history import HISTORY_REWRITE_HEADER, prune_repository
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from durable_memory.activities.redact import RedactActivities
-    from durable_memory.models.redaction import RedactInput, RedactOutcome
+    from durable_memory.models.history import RedactInput, RedactOutcome
     from durable_memory.workflows.common import activity_options, worker_settings
 
 

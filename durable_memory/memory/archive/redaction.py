@@ -11,7 +11,7 @@ index and WAL) is compacted last, by its `purge_deleted` if it has one.
 from collections.abc import Mapping
 
 from durable_memory.memory.archive.protocol import ArchiveStore
-from durable_memory.memory.store.git.redact import REDACTED
+from durable_memory.memory.store.redaction.history import REDACTED
 from durable_memory.models.archive import NewPassage, Passage
 
 PAGE = 200

@@ -1,6 +1,6 @@
 """Redacting a text from a user's memory (`dmem redact`, docs/governance.md): every version of
-one block in the user's repository (store/git/redact.py: the one history rewrite the system
-makes), then every SQL row of the user (store/redaction_rows.py); the archive's passages are
+one block in the user's repository (store/redaction/history.py: the one history rewrite the system
+makes), then every SQL row of the user (store/redaction/rows.py); the archive's passages are
 the caller's (memory/archive/redaction.py, a part this one does not see).
 
 Each step is idempotent. The repository step recognises a redaction it already made by its
@@ -21,7 +21,8 @@ from durable_memory.memory.service.blocks import Blocks
 from durable_memory.memory.store.block_repository import compare_and_set
 from durable_memory.memory.store.git import GitBlockStore, block_path, validate_author_name
 from durable_memory.memory.store.git.messages import message_text
-from durable_memory.memory.store.git.redact import (
+from durable_memory.memory.store.git.transaction import RepoTransaction
+from durable_memory.memory.store.redaction.history import (
     REDACTED,
     REDACTION_ID,
     plan_rewrite,
@@ -30,10 +31,8 @@ from durable_memory.memory.store.git.redact import (
     recorded_trailers,
     rewrite_history,
 )
-from durable_memory.memory.store.git.transaction import RepoTransaction
-from durable_memory.memory.store.redaction_rows import redact_user_rows
-from durable_memory.models.history import Author, AuthorKind
-from durable_memory.models.redaction import RedactInput, RedactionRecord
+from durable_memory.memory.store.redaction.rows import redact_user_rows
+from durable_memory.models.history import Author, AuthorKind, RedactInput, RedactionRecord
 
 
 def redaction_id(user_id: str, label: str, text: str) -> str:

@@ -46,12 +46,6 @@ from durable_memory.memory.store.bare_repos import (
 )
 from durable_memory.memory.store.git.advertisement import advertised_main
 from durable_memory.memory.store.git.commits import git_process, run_git
-from durable_memory.memory.store.git.redact import (
-    HISTORY_REWRITE_HEADER,
-    move_main,
-    prune_repository,
-    purge,
-)
 from durable_memory.memory.store.git.refs import (
     BRANCH_REF,
     FULL_SHA,
@@ -62,6 +56,12 @@ from durable_memory.memory.store.git.refs import (
 from durable_memory.memory.store.git.repository import GitBlockStore
 from durable_memory.memory.store.git.snapshots import SnapshotCache
 from durable_memory.memory.store.git.transaction import RepoTransaction
+from durable_memory.memory.store.redaction.history import (
+    HISTORY_REWRITE_HEADER,
+    move_main,
+    prune_repository,
+    purge,
+)
 from durable_memory.models.history import Author
 
 log = logging.getLogger(__name__)
@@ -347,7 +347,7 @@ class RemoteGitBlockStore(GitBlockStore):
     def replace_history(self, tx: RepoTransaction, old: str, new: str) -> None:
         """Replace the remote's main `old` by the rewritten history `new` with a lease-protected
         force push (GitRemoteContended if another writer moved it first), prune the old
-        objects there, then make the clone the same (`dmem redact`, store/git/redact.py).
+        objects there, then make the clone the same (`dmem redact`, store/redaction/history.py).
         A shared directory's repository is pushed to by a receive-pack run here, told to
         accept this one non-fast-forward update, and garbage-collected here; `dmem git-serve`
         is asked by a header (with the token) and collects its own garbage at once."""

@@ -27,9 +27,9 @@ from durable_memory.memory.store.git.layout import block_path
 from durable_memory.memory.store.git.locking import user_lock
 from durable_memory.memory.store.git.messages import commit_info
 from durable_memory.memory.store.git.recovery import recover
-from durable_memory.memory.store.git.redact import move_main, purge
 from durable_memory.memory.store.git.snapshots import SnapshotCache
 from durable_memory.memory.store.git.transaction import RepoTransaction
+from durable_memory.memory.store.redaction.history import move_main, purge
 from durable_memory.memory.store.safe_files import kind_of
 from durable_memory.models.history import CommitInfo
 
@@ -119,7 +119,7 @@ class GitBlockStore:
 
     def replace_history(self, tx: RepoTransaction, old: str, new: str) -> None:
         """Move main from `old` to the rewritten history `new` (compare-and-swap) and drop
-        every object of the old one (`dmem redact`, store/git/redact.py)."""
+        every object of the old one (`dmem redact`, store/redaction/history.py)."""
         move_main(tx.repo, tx.lock, new, old)
         self.purge_history(tx)
 

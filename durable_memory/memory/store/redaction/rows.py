@@ -18,8 +18,8 @@ from sqlmodel import SQLModel
 
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.erasure import USER_TABLES, truncate_wal
-from durable_memory.memory.store.git.redact import REDACTED
 from durable_memory.memory.store.recall import RECALL_FTS
+from durable_memory.memory.store.redaction.history import REDACTED
 from durable_memory.memory.store.sql import raw_sqlite
 
 
