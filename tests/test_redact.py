@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
@@ -32,13 +33,17 @@ from durable_memory.models.history import Author, AuthorKind, RedactInput, Redac
 from durable_memory.models.operations import LearnFact, SetField
 from durable_memory.models.recall import MessageRole, NewMessage
 from durable_memory.models.turn import turn_workflow_id
+from durable_memory.review.app import build_app
+from durable_memory.review.server import review_link
 from tests.support.agent_helpers import edit_block
 from tests.support.distributed import GIT_TOKEN, git_server
 from tests.support.postgres import fresh_schema_url
+from tests.support.review import open_session, with_review
 from tests.support.snapshots import snapshot
 from tests.support.temporal_helpers import rig_settings, running_rig
 from tests.test_forget import all_git_objects, files_holding, rows_holding, tree_bytes
 
+REVIEW_BASE = "http://review.test"
 SECRET = "zqsecret4k"
 """Lower case letters and digits: one token to the full-text indexes."""
 FACT = f"lives at {SECRET} st"
@@ -316,7 +321,7 @@ SCRIPT: list[dict[str, Any]] = [
 async def test_redact_through_the_client_and_the_next_turn_works(
     temporal_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
-    settings = rig_settings(tmp_path / "data")
+    settings = with_review(rig_settings(tmp_path / "data"), tmp_path, REVIEW_BASE)
     async with running_rig(temporal_env.client, settings, SCRIPT) as rig:
         reply = await rig.client.send_message("alice", f"I live at {SECRET} st", turn_id="a1")
         await rig.client.approve(reply.diffs[0].id, "ms-rivera")
@@ -336,6 +341,16 @@ async def test_redact_through_the_client_and_the_next_turn_works(
         assert SECRET.encode() not in all_git_objects(tmp_path / "data" / "users" / "alice")
         with pytest.raises(Exception, match="not found"):  # its own execution is deleted
             await temporal_env.client.get_workflow_handle("redact:alice").describe()
+        # The review page's history of the block shows the record, never the text.
+        assert settings.review is not None
+        transport = httpx.ASGITransport(app=build_app(rig.client, settings.review))
+        async with httpx.AsyncClient(transport=transport, base_url=REVIEW_BASE) as http:
+            await open_session(http, review_link(settings.review, "alice"))
+            page = (await http.get("/blocks/human")).text
+        assert f"redaction-{record.record_commit[:12]}" in page
+        assert "by mistake" in page
+        assert "dpo@school" in page
+        assert SECRET not in page
         again = await rig.client.send_message("alice", "hello", turn_id="a2")
         assert again.reply == "Hello again."
         assert rows_holding(rig.stack, SECRET) == []

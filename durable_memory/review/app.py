@@ -239,6 +239,9 @@ class ReviewApp:
         user, label = session.user_id, request.path_params["label"]
         block = await self.stack_call(self.client.stack.blocks.read_block, user, label)
         versions = await self.client.history(user, label, SHOWN_VERSIONS)
+        # A redaction's record changes no file, so the block's own history never lists it.
+        log = await self.stack_call(self.client.stack.history.log, user, SHOWN_VERSIONS)
+        redactions = [c for c in log if c.trailers.get("Redacted-Block") == label]
         compare: dict[str, str] | None = None
         a, b = request.query_params.get("a"), request.query_params.get("b")
         if a and b:
@@ -250,6 +253,7 @@ class ReviewApp:
             user=user,
             block=_block_view(block),
             versions=versions,
+            redactions=redactions,
             compare=compare,
             csrf=self.signer.csrf_token(session),
         )
