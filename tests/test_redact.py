@@ -7,6 +7,7 @@ host's clone keep nothing of it either. Hostile requests get one clear error and
 nothing.
 """
 
+import asyncio
 import contextlib
 import subprocess
 from collections.abc import Iterator
@@ -17,7 +18,8 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from durable_memory.bootstrap import MemoryStack, open_stack
+from durable_memory.bootstrap import MemoryStack, open_stack, stack_from_settings
+from durable_memory.client import MemoryClient
 from durable_memory.memory.archive.redaction import count_passages_holding, redact_passages
 from durable_memory.memory.core.errors import (
     DurableMemoryError,
@@ -35,12 +37,14 @@ from durable_memory.models.recall import MessageRole, NewMessage
 from durable_memory.models.turn import turn_workflow_id
 from durable_memory.review.app import build_app
 from durable_memory.review.server import review_link
+from durable_memory.scripted_model import ScriptedModelServer
 from tests.support.agent_helpers import edit_block
 from tests.support.distributed import GIT_TOKEN, git_server
 from tests.support.postgres import fresh_schema_url
 from tests.support.review import open_session, with_review
 from tests.support.snapshots import snapshot
 from tests.support.temporal_helpers import rig_settings, running_rig
+from tests.support.worker_process import address, crash_settings, worker_process
 from tests.test_forget import all_git_objects, files_holding, rows_holding, tree_bytes
 
 REVIEW_BASE = "http://review.test"
@@ -354,3 +358,40 @@ async def test_redact_through_the_client_and_the_next_turn_works(
         again = await rig.client.send_message("alice", "hello", turn_id="a2")
         assert again.reply == "Hello again."
         assert rows_holding(rig.stack, SECRET) == []
+
+
+async def test_a_redaction_killed_mid_way_is_finished_by_its_retry(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """The worker dies once the history is rewritten and its completion is not yet reported:
+    the retry finds the record on main (by its Redaction-Id), the rows and the archive are
+    redacted after, and the caller gets the record; running it again changes nothing."""
+    settings = crash_settings(tmp_path)
+    data = settings.memory.data_dir
+    data.mkdir(parents=True)
+    stack = stack_from_settings(settings)
+    client = MemoryClient(temporal_env.client, settings, stack)
+    plant(stack, "alice")
+    repository = data / "users" / "alice"
+    before = git_log(repository)
+    with ScriptedModelServer([]) as model:
+        with worker_process(
+            settings,
+            address(temporal_env),
+            model.url,
+            "after:dmem.redact_repository",
+            tmp_path / "crashed",
+        ) as first:
+            redacting = asyncio.create_task(
+                client.redact("alice", "human", SECRET, "dpo@school", "by mistake")
+            )
+            assert await asyncio.to_thread(first.wait, 60) == -9
+        assert (tmp_path / "crashed").exists()
+        assert rows_holding(stack, SECRET)  # the repository done, the rows not yet
+        with worker_process(settings, address(temporal_env), model.url):
+            record = await asyncio.wait_for(redacting, 120)
+            again = await client.redact("alice", "human", SECRET, "dpo@school", "by mistake")
+    stack.close()
+    assert again == record
+    assert len(git_log(repository)) == len(before) + 1
+    assert files_holding(data, SECRET) == []
