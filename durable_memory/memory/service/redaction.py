@@ -30,6 +30,7 @@ from durable_memory.memory.store.redaction.history import (
     recorded_mapping,
     recorded_trailers,
     rewrite_history,
+    versions_holding,
 )
 from durable_memory.memory.store.redaction.rows import redact_user_rows
 from durable_memory.models.history import Author, AuthorKind, RedactInput, RedactionRecord
@@ -71,6 +72,16 @@ class Redactions:
 
         return check
 
+    @staticmethod
+    def _done(tx: RepoTransaction, request: RedactInput) -> str | None:
+        """The record of this redaction on main, if it is made and no version has held the
+        text since (a turn that committed it again after: then it is to be made again)."""
+        done = tx.find_trailer(REDACTION_ID, request.redaction_id)
+        if done is None:
+            return None
+        holding = versions_holding(tx.repo, tx.lock, label=request.label, text=request.text)
+        return done if holding == 0 else None
+
     def preflight(self, request: RedactInput) -> None:
         """What `redact_repository` would refuse, found without writing anything: before a
         redaction is started, so a refused text never reaches a workflow's history."""
@@ -78,7 +89,7 @@ class Redactions:
         with self.git.transaction(request.user_id) as tx:
             if tx.head is None:
                 raise UnknownUser(f"user '{request.user_id}' has no memory yet")
-            if tx.find_trailer(REDACTION_ID, request.redaction_id) is None:
+            if not self._done(tx, request):
                 plan_rewrite(
                     tx.repo, tx.lock, tx.head, label=request.label, text=request.text, check=check
                 )
@@ -104,7 +115,7 @@ class Redactions:
         with self.git.transaction(request.user_id) as tx:
             if tx.head is None:
                 raise UnknownUser(f"user '{request.user_id}' has no memory yet")
-            done = tx.find_trailer(REDACTION_ID, request.redaction_id)
+            done = self._done(tx, request)
             if done is None:
                 rewritten = rewrite_history(
                     tx.repo,

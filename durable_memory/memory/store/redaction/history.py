@@ -205,6 +205,13 @@ def plan_rewrite(
     return rewriter
 
 
+def versions_holding(repo: git.Repo, lock: int, *, label: str, text: str) -> int:
+    """How many versions of block `label` on main hold `text` (nothing checked or written)."""
+    rewriter = _Rewriter(repo, lock, label, text, main_commits(repo, lock))
+    rewriter.plan(lambda _sha, _text: None)
+    return len(rewriter.blobs)
+
+
 def rewrite_history(
     repo: git.Repo,
     lock: int,
@@ -274,9 +281,11 @@ def move_main(repo: git.Repo, lock: int, new: str, old: str) -> None:
 
 def purge(repo: git.Repo, lock: int, extra_refs: tuple[str, ...] = ()) -> None:
     """Drop every object no longer reachable from main: `extra_refs` deleted, reflogs expired,
-    `gc --prune=now` (idempotent)."""
+    `gc --prune=now`; and the last commit message git kept (idempotent)."""
     for ref in extra_refs:
         _git(repo, lock, "update-ref", "-d", ref)
+    # `git commit` leaves the last message it wrote here: a summary may quote the text.
+    Path(repo.git_dir, "COMMIT_EDITMSG").unlink(missing_ok=True)
     _git(repo, lock, "reflog", "expire", "--expire=now", "--all")
     _git(repo, lock, "gc", "--prune=now", "--quiet")
 
