@@ -450,7 +450,15 @@ def cmd_redact(args: argparse.Namespace) -> None:
         )
     _progress(f"redacting a text from block '{args.block}' of user '{args.user}' ...")
     record = _with_client(
-        args, lambda c: c.redact(args.user, args.block, args.text, args.as_name, args.reason)
+        args,
+        lambda c: c.redact(
+            args.user,
+            args.block,
+            args.text,
+            args.as_name,
+            args.reason,
+            delete_executions=args.delete_executions,
+        ),
     )
     _emit(
         args,
@@ -752,6 +760,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", required=True, help="the text to remove, exactly as stored")
     p.add_argument("--as", dest="as_name", required=True, help="who asks for the redaction")
     p.add_argument("--reason", required=True, help="why (kept in the redaction record)")
+    p.add_argument(
+        "--delete-executions",
+        action="store_true",
+        help="also delete the user's ended Temporal executions whose history holds the text",
+    )
     p.add_argument("--yes", action="store_true", help="confirm: history is rewritten")
     p = add("recall", cmd_recall, "search a user's recall memory (every message)", True)
     p.add_argument("user")

@@ -580,14 +580,22 @@ class MemoryClient:
         return records[0]
 
     async def redact(
-        self, user_id: str, label: str, text: str, requested_by: str, reason: str
+        self,
+        user_id: str,
+        label: str,
+        text: str,
+        requested_by: str,
+        reason: str,
+        *,
+        delete_executions: bool = False,
     ) -> RedactionRecord:
         """Remove `text` from every version of block `label` of the user, and from the user's
         rows and archival passages (docs/governance.md "Redact a version"); return the
         redaction record. A request that cannot be made is refused here, before anything
         starts; otherwise the redaction workflow runs, and deletes its own execution (its input
-        holds the text). A redaction that failed or was killed is finished by calling this
-        again with the same text."""
+        holds the text). With `delete_executions`, the user's ended workflow executions whose
+        histories hold the text are deleted too (Temporal cannot edit a history). A redaction
+        that failed or was killed is finished by calling this again with the same text."""
         request: RedactInput = _checked(
             RedactInput,
             user_id=user_id,
@@ -595,6 +603,7 @@ class MemoryClient:
             text=text,
             requested_by=requested_by,
             reason=reason,
+            delete_executions=delete_executions,
             redaction_id=redaction_id(user_id, label, text),
         )
         redactions = Redactions(self.stack.blocks, self.stack.git, self.stack.engine)

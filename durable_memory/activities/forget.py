@@ -56,6 +56,19 @@ def _names_user(workflow_id: str, user_id: str) -> bool:
     return True
 
 
+async def user_executions(client: Client, user_id: str) -> list[tuple[str, str, bool]]:
+    """(workflow id, run id, running) of every execution of the user but the calling
+    activity's own workflow's."""
+    own = activity.info().workflow_run_id
+    found = []
+    async for execution in client.list_workflows(user_workflows_query(user_id)):
+        if execution.run_id == own or not _names_user(execution.id, user_id):
+            continue
+        running = execution.status == WorkflowExecutionStatus.RUNNING
+        found.append((execution.id, execution.run_id, running))
+    return found
+
+
 async def delete_execution(client: Client, workflow_id: str, run_id: str) -> None:
     """Delete one workflow execution, its history with it (idempotent)."""
     try:
@@ -104,14 +117,7 @@ class ForgetActivities:
 
     async def _listed(self, user_id: str) -> list[tuple[str, str, bool]]:
         """(workflow id, run id, running) of every execution of the user but this one."""
-        own = activity.info().workflow_run_id
-        found = []
-        async for execution in self.client.list_workflows(user_workflows_query(user_id)):
-            if execution.run_id == own or not _names_user(execution.id, user_id):
-                continue
-            running = execution.status == WorkflowExecutionStatus.RUNNING
-            found.append((execution.id, execution.run_id, running))
-        return found
+        return await user_executions(self.client, user_id)
 
     @activity.defn(name="dmem.end_user_workflows")
     async def end_user_workflows(self, user_id: str) -> int:

@@ -1,16 +1,28 @@
 """Activities of a redaction (workflows/redact.py): the repository's history rewritten, the
-user's SQL rows and archival passages redacted, and last the redaction's own execution
-deleted (its input holds the text). Each is idempotent (memory/service/redaction.py)."""
+user's SQL rows and archival passages redacted, on request the user's ended executions
+whose histories hold the text deleted, and last the redaction's own execution deleted (its
+input holds the text). Each is idempotent (memory/service/redaction.py)."""
+
+import logging
 
 from temporalio import activity
+from temporalio.api.history.v1 import History
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 
 from durable_memory.activities.errors import classified_errors
-from durable_memory.activities.forget import delete_own_execution
+from durable_memory.activities.forget import (
+    delete_execution,
+    delete_own_execution,
+    user_executions,
+)
 from durable_memory.bootstrap import MemoryStack
 from durable_memory.memory.archive.redaction import redact_passages
 from durable_memory.memory.service.redaction import Redactions
+from durable_memory.memory.store.redaction.rows import spellings
 from durable_memory.models.history import RedactInput, RedactionRecord
+
+log = logging.getLogger(__name__)
 
 
 class RedactActivities:
@@ -35,6 +47,39 @@ class RedactActivities:
             return redact_passages(
                 self.stack.archive, request.user_id, request.text, record.commits
             )
+
+    @activity.defn(name="dmem.delete_executions_holding")
+    async def delete_executions_holding(self, request: RedactInput) -> int:
+        """Delete every ended execution of the user whose history holds the text (Temporal
+        cannot edit a history); a running one cannot be deleted without ending it, so it is
+        left, and logged. How many were deleted."""
+        with classified_errors():
+            forms = [form.encode() for form in spellings(request.text)]
+            deleted = 0
+            for workflow_id, run_id, running in await user_executions(self.client, request.user_id):
+                handle = self.client.get_workflow_handle(workflow_id, run_id=run_id)
+                try:
+                    events = (await handle.fetch_history()).events
+                except RPCError as error:
+                    if error.status == RPCStatusCode.NOT_FOUND:  # deleted meanwhile
+                        continue
+                    raise
+                # Payloads are bytes in the encoded history (JSON of ours, unencrypted).
+                encoded = History(events=events).SerializeToString()
+                if not any(form in encoded for form in forms):
+                    continue
+                if running:
+                    log.warning(
+                        "user '%s': execution %s still runs and holds the redacted text: "
+                        "delete it once it has ended",
+                        request.user_id,
+                        workflow_id,
+                    )
+                    continue
+                await delete_execution(self.client, workflow_id, run_id)
+                deleted += 1
+                activity.heartbeat(deleted)
+            return deleted
 
     @activity.defn(name="dmem.delete_redact_execution")
     async def delete_redact_execution(self) -> None:

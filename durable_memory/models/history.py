@@ -67,6 +67,8 @@ class RedactInput(BaseModel):
     """The text to remove from every version of the block (not blank)."""
     requested_by: str = Field(max_length=100, pattern=r"\S")
     reason: str = Field(max_length=2000, pattern=r"\S")
+    delete_executions: bool = False
+    """Also delete the user's ended workflow executions whose histories hold the text."""
     redaction_id: str = Field(pattern=r"^[0-9a-f]{32}$")
     """Chosen by the caller: the record's `Redaction-Id` trailer, by which a redaction run
     again (a retry, a kill) finds that it is done."""
@@ -98,3 +100,5 @@ class RedactOutcome(BaseModel):
     """SQL values (pending diffs, recall, summaries, turn bookkeeping) that held the text."""
     passages: int
     """Archival passages that held it (replaced and embedded again)."""
+    executions_deleted: int = 0
+    """Ended workflow executions of the user whose histories held it, deleted."""

@@ -66,6 +66,7 @@ def activities_for(
         redact.redact_repository,
         redact.redact_rows,
         redact.redact_passages,
+        redact.delete_executions_holding,
         redact.delete_redact_execution,
     ]
 

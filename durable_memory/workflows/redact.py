@@ -1,6 +1,7 @@
 """Redacting a text from a user's memory (`dmem redact`): every version of one block in the
-repository (the one history rewrite), then the user's SQL rows and archival passages, then
-this redaction's own execution deleted, since its input holds the text.
+repository (the one history rewrite), then the user's SQL rows and archival passages, on
+request the user's ended executions whose histories hold the text, then this redaction's own
+execution deleted, since its input holds the text.
 
 Its id is `redact:<user>`: one redaction of a user at a time. Each step is idempotent (a
 rewrite recognises itself on main by its Redaction-Id), so a redaction killed at any point
@@ -46,7 +47,18 @@ class RedactWorkflow:
             summary="redact the user's archival passages",
             **slow,
         )
-        outcome = RedactOutcome(record=record, rows=rows, passages=passages)
+        executions = 0
+        if request.delete_executions:
+            workflow.set_current_details("Redacting: deleting ended executions holding it")
+            executions = await workflow.execute_activity_method(
+                RedactActivities.delete_executions_holding,
+                request,
+                summary="delete the user's ended executions whose history holds the text",
+                **slow,
+            )
+        outcome = RedactOutcome(
+            record=record, rows=rows, passages=passages, executions_deleted=executions
+        )
         # The server terminates this execution while deleting it: nothing runs after.
         await workflow.execute_activity_method(
             RedactActivities.delete_redact_execution, summary="delete this execution", **memory
