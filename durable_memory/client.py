@@ -543,6 +543,41 @@ class MemoryClient:
 
     # -- governance ------------------------------------------------------------------------
 
+    async def _run_to_its_deletion(
+        self,
+        run: Callable[[Any, Any], Awaitable[Any]],
+        request: Any,
+        workflow_id: str,
+        user_id: str,
+        summary: str,
+        what: str,
+    ) -> str:
+        """Start a governance workflow whose last step deletes its own execution (its input
+        names the user or holds what is removed), or join the one running, and wait for its
+        end: '' once it ended that way, else why it failed. What it did is read after from
+        the stores, as its result is deleted with it."""
+        try:
+            handle = await self.client.start_workflow(
+                run,
+                request,
+                id=workflow_id,
+                task_queue=self.settings.temporal.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                search_attributes=TypedSearchAttributes([SearchAttributePair(USER_ID, user_id)]),
+                static_summary=summary,
+            )
+        except RPCError as error:
+            raise TemporalUnavailable(f"the {what} could not start: {error.message}") from None
+        try:
+            await self._while_a_worker_polls(handle.result(), f"the {what}'s end")
+        except WorkflowFailureError as error:
+            if not isinstance(error.cause, TerminatedError):  # deleted: terminated first
+                return failure_message(error)
+        except RPCError as error:  # its history was deleted while we read it
+            if error.status != RPCStatusCode.NOT_FOUND:
+                raise TemporalUnavailable(f"the {what}'s result: {error.message}") from None
+        return ""
+
     async def forget_user(self, user_id: str, requested_by: str, reason: str) -> ErasureRecord:
         """Forget the user everywhere (docs/governance.md) and return the erasure record. Runs
         the forget workflow and waits for it; a forget of the user already running is joined,
@@ -550,27 +585,14 @@ class MemoryClient:
         request: ForgetInput = _checked(
             ForgetInput, user_id=user_id, requested_by=requested_by, reason=reason
         )
-        try:
-            handle = await self.client.start_workflow(
-                ForgetWorkflow.run,
-                request,
-                id=forget_workflow_id(request.user_id),
-                task_queue=self.settings.temporal.task_queue,
-                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                search_attributes=TypedSearchAttributes([SearchAttributePair(USER_ID, user_id)]),
-                static_summary=f"Forget user {user_id}",
-            )
-        except RPCError as error:
-            raise TemporalUnavailable(f"the forget could not start: {error.message}") from None
-        failure = ""
-        try:
-            # Its last step deletes it: this ends in an error.
-            await self._while_a_worker_polls(handle.result(), "the forget's end")
-        except WorkflowFailureError as error:
-            failure = failure_message(error)
-        except RPCError as error:  # its history was deleted while we read it
-            if error.status != RPCStatusCode.NOT_FOUND:
-                raise TemporalUnavailable(f"the forget's result: {error.message}") from None
+        failure = await self._run_to_its_deletion(
+            ForgetWorkflow.run,
+            request,
+            forget_workflow_id(request.user_id),
+            user_id,
+            f"Forget user {user_id}",
+            "forget",
+        )
         records = await asyncio.to_thread(self.stack.erasures.records, request.user_id)
         if not records or records[0].completed_at is None:
             raise ForgetFailed(
@@ -608,27 +630,14 @@ class MemoryClient:
         )
         redactions = Redactions(self.stack.blocks, self.stack.git, self.stack.engine)
         await self._memory(redactions.preflight, request)
-        try:
-            handle = await self.client.start_workflow(
-                RedactWorkflow.run,
-                request,
-                id=redact_workflow_id(request.user_id),
-                task_queue=self.settings.temporal.task_queue,
-                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                search_attributes=TypedSearchAttributes([SearchAttributePair(USER_ID, user_id)]),
-                static_summary=f"Redact a text from block {label} of user {user_id}",
-            )
-        except RPCError as error:
-            raise TemporalUnavailable(f"the redaction could not start: {error.message}") from None
-        failure = ""
-        try:
-            await handle.result()  # its last step deletes it: this ends in an error
-        except WorkflowFailureError as error:
-            if not isinstance(error.cause, TerminatedError):  # deleted: terminated first
-                failure = failure_message(error)
-        except RPCError as error:  # its history was deleted while we read it
-            if error.status != RPCStatusCode.NOT_FOUND:
-                raise TemporalUnavailable(f"the redaction's result: {error.message}") from None
+        failure = await self._run_to_its_deletion(
+            RedactWorkflow.run,
+            request,
+            redact_workflow_id(request.user_id),
+            user_id,
+            f"Redact a text from block {label} of user {user_id}",
+            "redaction",
+        )
         record = await self._memory(redactions.recorded, request.user_id, request.redaction_id)
         if failure or record is None:
             raise DurableMemoryError(
