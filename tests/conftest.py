@@ -7,12 +7,14 @@ from sqlalchemy import Engine
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from durable_memory.config import Settings
 from durable_memory.memory.store.db import make_engine
 from durable_memory.workers.dev_server import DEV_SERVER_ARGS, DEV_SERVER_STARTUP, temporal_binary
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
+from tests.support.distributed import distributed_settings, git_server
 from tests.support.memory import MemoryRig, memory_rig
 from tests.support.postgres import find_pg_bin, fresh_schema_url, running_postgres
-from tests.support.temporal_helpers import start_time_skipping_env
+from tests.support.temporal_helpers import rig_settings, start_time_skipping_env
 
 
 @pytest.fixture(scope="session")
@@ -79,3 +81,16 @@ def memory(engine: Engine, data_dir: Path) -> MemoryRig:
 def sqlite_memory(tmp_path: Path, data_dir: Path) -> MemoryRig:
     """For tests about git and formats, where the SQL backend does not matter."""
     return memory_rig(make_engine(f"sqlite:///{tmp_path / 'memory.db'}"), data_dir)
+
+
+@pytest.fixture(params=["embedded", pytest.param("distributed", marks=pytest.mark.postgres)])
+def host(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Settings, Path | None]]:
+    """A host's settings, and the git server's root (None when repositories are local): the
+    embedded mode, or the distributed one (PostgreSQL, `dmem git-serve`)."""
+    if request.param == "embedded":
+        yield rig_settings(tmp_path / "data"), None
+        return
+    url = fresh_schema_url(request.getfixturevalue("postgres_url"))
+    root = tmp_path / "served"
+    with git_server(root) as server:
+        yield distributed_settings(tmp_path / "data", database_url=url, git_remote=server.url), root

@@ -14,7 +14,6 @@ import subprocess
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -325,18 +324,6 @@ async def assert_no_execution_of(env: WorkflowEnvironment, user_id: str, known: 
     with pytest.raises(RPCError) as missing:
         await env.client.get_workflow_handle(known).describe()
     assert missing.value.status == RPCStatusCode.NOT_FOUND
-
-
-@pytest.fixture(params=["embedded", pytest.param("distributed", marks=pytest.mark.postgres)])
-def host(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Settings, Path | None]]:
-    """A host's settings, and the git server's root (None when repositories are local)."""
-    if request.param == "embedded":
-        yield rig_settings(tmp_path / "data"), None
-        return
-    url = fresh_schema_url(request.getfixturevalue("postgres_url"))
-    root = tmp_path / "served"
-    with git_server(root) as server:
-        yield distributed_settings(tmp_path / "data", database_url=url, git_remote=server.url), root
 
 
 async def test_forget_leaves_no_trace_anywhere(

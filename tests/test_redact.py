@@ -21,6 +21,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.bootstrap import MemoryStack, open_stack, stack_from_settings
 from durable_memory.client import MemoryClient
+from durable_memory.config import Settings
 from durable_memory.memory.archive.redaction import count_passages_holding, redact_passages
 from durable_memory.memory.core.errors import (
     DurableMemoryError,
@@ -44,7 +45,7 @@ from tests.support.distributed import GIT_TOKEN, git_server
 from tests.support.postgres import fresh_schema_url
 from tests.support.review import open_session, with_review
 from tests.support.snapshots import snapshot
-from tests.support.temporal_helpers import rig_settings, running_rig
+from tests.support.temporal_helpers import running_rig
 from tests.support.worker_process import address, crash_settings, worker_process
 from tests.test_forget import all_git_objects, files_holding, rows_holding, tree_bytes
 
@@ -342,9 +343,15 @@ async def deleted_soon(env: WorkflowEnvironment, workflow_id: str) -> bool:
 
 
 async def test_redact_through_the_client_and_the_next_turn_works(
-    temporal_env: WorkflowEnvironment, tmp_path: Path
+    temporal_env: WorkflowEnvironment, host: tuple[Settings, Path | None], tmp_path: Path
 ) -> None:
-    settings = with_review(rig_settings(tmp_path / "data"), tmp_path, REVIEW_BASE)
+    """Local repositories, or the distributed mode (PostgreSQL, `dmem git-serve`)."""
+    settings = with_review(host[0], tmp_path, REVIEW_BASE)
+    remote = host[1]
+    data = settings.memory.data_dir
+    repositories = [data / ("users" if remote is None else "clones") / "alice"]
+    if remote is not None:
+        repositories.append(remote / "alice.git")
     async with running_rig(temporal_env.client, settings, SCRIPT) as rig:
         reply = await rig.client.send_message("alice", f"I live at {SECRET} st", turn_id="a1")
         await rig.client.approve(reply.diffs[0].id, "ms-rivera")
@@ -363,7 +370,8 @@ async def test_redact_through_the_client_and_the_next_turn_works(
         assert record.requested_by == "dpo@school"
         assert record.label == "human"
         assert rows_holding(rig.stack, SECRET) == []
-        assert SECRET.encode() not in all_git_objects(tmp_path / "data" / "users" / "alice")
+        for repository in repositories:
+            assert SECRET.encode() not in all_git_objects(repository)
         # Its own execution is deleted, and the ended turn whose history held the text.
         for deleted in ("redact:alice", turn_workflow_id("alice", "a1")):
             assert await deleted_soon(temporal_env, deleted), deleted
