@@ -1,7 +1,7 @@
 """Redacting a text from a user's SQL rows (`dmem redact`): every text column of every table
 keyed by the user (pending diffs' proposals and reasons, recall messages, summaries, turn
 bookkeeping) gets the text replaced by REDACTED, and every commit id a redaction rewrote is
-replaced by its new id (a diff's `commit_sha` and `base_sha`, ids inside a compiled context).
+replaced by its new id (the `*_sha` columns: a diff's `commit_sha` and `base_sha`).
 
 The text is matched as written and as JSON writes it inside a string (`"` and `\\` escaped,
 non-ASCII escaped or not), since proposals and turn bookkeeping are stored as JSON. Idempotent:
@@ -74,8 +74,13 @@ def redact_user_rows(engine: Engine, user_id: str, needle: str, commits: Mapping
             for column in _text_columns(table):
                 for form in spellings(needle):
                     replaced += _replace(conn, table, column, user_id, form, REDACTED)
-                for old, new in commits.items():
-                    _replace(conn, table, column, user_id, old, new)
+                if column.name.endswith("_sha"):  # a commit id, whole: mapped to its new one
+                    for old, new in commits.items():
+                        conn.execute(
+                            table.update()
+                            .where(table.c.user_id == user_id, column == old)
+                            .values({column.name: new})
+                        )
         _index_recall(conn, recall, "insert")
     if sqlite:
         with raw_sqlite(engine) as db:
