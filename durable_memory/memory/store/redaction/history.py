@@ -130,7 +130,15 @@ class _Rewriter:
     def write(self) -> dict[str, str]:
         """Write the new chain; old -> new id of every commit."""
         new_blobs = {
-            old: _git(self.repo, self.lock, "hash-object", "-w", "--stdin", stdin=text.encode())
+            old: _git(
+                self.repo,
+                self.lock,
+                "hash-object",
+                "-w",
+                "--no-filters",
+                "--stdin",
+                stdin=text.encode(),
+            )
             .decode()
             .strip()
             for old, text in self.blobs.items()
