@@ -4,8 +4,11 @@ whose histories hold the text deleted, and last the redaction's own execution de
 input holds the text). Each is idempotent (memory/service/redaction.py)."""
 
 import logging
+from collections.abc import Iterator
 
+from google.protobuf.message import Message
 from temporalio import activity
+from temporalio.api.common.v1 import Payload
 from temporalio.api.history.v1 import History
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
@@ -23,6 +26,22 @@ from durable_memory.memory.store.redaction.rows import spellings
 from durable_memory.models.history import RedactInput, RedactionRecord
 
 log = logging.getLogger(__name__)
+
+
+def _payloads(message: Message) -> Iterator[Payload]:
+    """Every payload inside a history (inputs, results, details, headers, memos...)."""
+    for field, value in message.ListFields():
+        if field.message_type is None:
+            continue
+        if field.message_type.GetOptions().map_entry:
+            items = [item for item in value.values() if isinstance(item, Message)]
+        else:  # a message, or a repeated field of them
+            items = [value] if isinstance(value, Message) else list(value)
+        for item in items:
+            if isinstance(item, Payload):
+                yield item
+            else:
+                yield from _payloads(item)
 
 
 class RedactActivities:
@@ -64,9 +83,7 @@ class RedactActivities:
                     if error.status == RPCStatusCode.NOT_FOUND:  # deleted meanwhile
                         continue
                     raise
-                # Payloads are bytes in the encoded history (JSON of ours, unencrypted).
-                encoded = History(events=events).SerializeToString()
-                if not any(form in encoded for form in forms):
+                if not await self._holds(list(_payloads(History(events=events))), forms):
                     continue
                 if running:
                     log.warning(
@@ -80,6 +97,14 @@ class RedactActivities:
                 deleted += 1
                 activity.heartbeat(deleted)
             return deleted
+
+    async def _holds(self, payloads: list[Payload], forms: list[bytes]) -> bool:
+        """Whether any payload holds the text, read through the deployment's codec (with
+        per-user encryption a history holds only ciphertext)."""
+        codec = self.client.data_converter.payload_codec
+        if codec is not None and payloads:
+            payloads = await codec.decode(payloads)
+        return any(form in payload.data for payload in payloads for form in forms)
 
     @activity.defn(name="dmem.delete_redact_execution")
     async def delete_redact_execution(self) -> None:

@@ -17,10 +17,22 @@ from sqlalchemy import Column, Connection, Engine, String, Table, TypeDecorator,
 from sqlmodel import SQLModel
 
 from durable_memory.memory.core.ids import validate_user_id
-from durable_memory.memory.store.erasure import USER_TABLES, truncate_wal
+from durable_memory.memory.store.erasure import truncate_wal
 from durable_memory.memory.store.recall import RECALL_FTS
 from durable_memory.memory.store.redaction.history import REDACTED
 from durable_memory.memory.store.sql import raw_sqlite
+
+REDACTED_TABLES = (
+    "pending_diffs",
+    "recall_messages",
+    "conversation_summaries",
+    "user_turn_contexts",
+    "user_turn_steps",
+    "rotation_state",
+)
+"""The tables keyed by a user that hold what was said or proposed (store/erasure.py's
+USER_TABLES but the list of users and the payload keys, which hold no content and must
+never be edited)."""
 
 
 def spellings(needle: str) -> list[str]:
@@ -43,7 +55,7 @@ def rows_holding(engine: Engine, user_id: str, needle: str) -> int:
     and its tests)."""
     found = 0
     with engine.connect() as conn:
-        for name in USER_TABLES:
+        for name in REDACTED_TABLES:
             table = SQLModel.metadata.tables[name]
             for column in _text_columns(table):
                 for form in spellings(needle):
@@ -69,7 +81,7 @@ def redact_user_rows(engine: Engine, user_id: str, needle: str, commits: Mapping
             else []
         )
         _index_recall(conn, recall, "delete")
-        for name in USER_TABLES:
+        for name in REDACTED_TABLES:
             table = SQLModel.metadata.tables[name]
             for column in _text_columns(table):
                 for form in spellings(needle):
