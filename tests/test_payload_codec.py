@@ -49,6 +49,7 @@ from durable_memory.config import (
 from durable_memory.memory.core.errors import UserBeingForgotten, UserForgotten
 from durable_memory.memory.store.erasure import ErasureLedger, erase_user_rows
 from durable_memory.memory.store.users import PayloadKeyStore
+from durable_memory.models.history import redact_workflow_id
 from durable_memory.models.turn import (
     forget_workflow_id,
     legacy_turn_workflow_id,
@@ -58,6 +59,7 @@ from durable_memory.models.turn import (
 from durable_memory.workers.dev_server import temporal_binary
 from durable_memory.workers.worker import WORKFLOWS
 from durable_memory.workflows.forget import ForgetWorkflow
+from durable_memory.workflows.redact import RedactWorkflow
 from durable_memory.workflows.rotation import RotationSweepWorkflow, RotationWorkflow
 from durable_memory.workflows.turn import TurnWorkflow
 from tests.support.agent_helpers import edit_block
@@ -100,6 +102,7 @@ USER_OF_KIND: dict[type, Any] = {
     RotationWorkflow: lambda user: rotation_workflow_id(user, "human"),
     RotationSweepWorkflow: None,  # its schedule and runs carry user ids and labels only
     ForgetWorkflow: None,  # runs on after it destroyed the key; carries ids, who and why
+    RedactWorkflow: redact_workflow_id,  # its input holds the text it removes
 }
 """Every workflow the worker runs, and how its id names the user whose key encrypts it (None:
 plain). A new kind of workflow must be placed here, or its payloads go out unencrypted."""

@@ -20,7 +20,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.bootstrap import MemoryStack, open_stack, stack_from_settings
-from durable_memory.client import MemoryClient
+from durable_memory.client import MemoryClient, connect_temporal
 from durable_memory.config import Settings
 from durable_memory.memory.archive.redaction import count_passages_holding, redact_passages
 from durable_memory.memory.core.errors import (
@@ -48,6 +48,7 @@ from tests.support.snapshots import snapshot
 from tests.support.temporal_helpers import running_rig
 from tests.support.worker_process import address, crash_settings, worker_process
 from tests.test_forget import all_git_objects, files_holding, rows_holding, tree_bytes
+from tests.test_payload_codec import encrypted_settings, event_bytes, raw_history
 
 REVIEW_BASE = "http://review.test"
 SECRET = "zqsecret4k"
@@ -425,3 +426,29 @@ async def test_a_redaction_killed_mid_way_is_finished_by_its_retry(
     assert again == record
     assert len(git_log(repository)) == len(before) + 1
     assert files_holding(data, SECRET) == []
+
+
+async def test_with_per_user_encryption_the_histories_are_searched_through_the_codec(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """The redaction's own payloads are encrypted with the user's key (its input holds the
+    text), and `delete_executions` finds the ended turn holding the text through the codec,
+    since its raw history holds only ciphertext."""
+    settings = encrypted_settings(tmp_path)
+    address = temporal_env.client.service_client.config.target_host
+    settings = settings.model_copy(
+        update={"temporal": settings.temporal.model_copy(update={"address": address})}
+    )
+    client = await connect_temporal(settings)
+    async with running_rig(client, settings, SCRIPT) as rig:
+        reply = await rig.client.send_message("alice", f"I live at {SECRET} st", turn_id="a1")
+        await rig.client.approve(reply.diffs[0].id, "ms-rivera")
+        await client.get_workflow_handle(turn_workflow_id("alice", "a1")).result()
+        assert SECRET.encode() not in event_bytes(
+            await raw_history(temporal_env, turn_workflow_id("alice", "a1"))
+        )
+        await rig.client.redact(
+            "alice", "human", SECRET, "dpo@school", "by mistake", delete_executions=True
+        )
+        assert await deleted_soon(temporal_env, turn_workflow_id("alice", "a1"))
+        assert rows_holding(rig.stack, SECRET) == []

@@ -50,15 +50,19 @@ KEY_ID = "encryption-key-id"
 """The metadata key naming the data key an encrypted payload needs."""
 TURN_PREFIX = f"turn{ID_SEPARATOR}"
 ROTATION_PREFIX = "rotation-"
+REDACT_PREFIX = f"redact{ID_SEPARATOR}"
 
 
 def user_of_workflow(workflow_id: str) -> str | None:
     """The user whose key encrypts a workflow's payloads, read from its id: a turn
-    (`turn:<user>:<turn>`, models/turn.py `turn_workflow_id`) or a rotation
-    (`rotation-<user>-<label>`). None for every other id (see the module)."""
+    (`turn:<user>:<turn>`, models/turn.py `turn_workflow_id`), a rotation
+    (`rotation-<user>-<label>`) or a redaction (`redact:<user>`). None for every other id
+    (see the module)."""
     if workflow_id.startswith(TURN_PREFIX):
         parts = workflow_id.split(ID_SEPARATOR)
         user = parts[1] if len(parts) == 3 else ""
+    elif workflow_id.startswith(REDACT_PREFIX):  # its input holds the text it removes
+        user = workflow_id.removeprefix(REDACT_PREFIX)
     elif workflow_id.startswith(ROTATION_PREFIX):
         # A label has no '-': the last one ends the user id.
         user, _, label = workflow_id.removeprefix(ROTATION_PREFIX).rpartition("-")
