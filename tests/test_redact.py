@@ -30,6 +30,7 @@ from durable_memory.memory.core.errors import (
 )
 from durable_memory.memory.service.redaction import Redactions, redaction_id
 from durable_memory.memory.store.redaction.history import REDACTED, rewrite_history
+from durable_memory.memory.store.redaction.rows import redact_user_rows
 from durable_memory.memory.store.redaction.rows import rows_holding as user_rows_holding
 from durable_memory.models.archive import NewPassage, PassageSource
 from durable_memory.models.diffs import DiffStatus, PendingDiff, Proposer
@@ -371,6 +372,7 @@ async def test_redact_through_the_client_and_the_next_turn_works(
         assert record.requested_by == "dpo@school"
         assert record.label == "human"
         assert rows_holding(rig.stack, SECRET) == []
+        assert rig.stack.turns.context("alice", "a1")  # what was stored still reads back
         for repository in repositories:
             assert SECRET.encode() not in all_git_objects(repository)
         # Its own execution is deleted, and the ended turn whose history held the text.
@@ -452,3 +454,18 @@ async def test_with_per_user_encryption_the_histories_are_searched_through_the_c
         )
         assert await deleted_soon(temporal_env, turn_workflow_id("alice", "a1"))
         assert rows_holding(rig.stack, SECRET) == []
+
+
+@pytest.mark.parametrize("text", ["pending", "fact", "learn_fact", "op", "t2", "human", "turn"])
+def test_a_text_that_is_also_an_id_a_status_or_a_key_edits_only_content(
+    planted: tuple[MemoryStack, Path], text: str
+) -> None:
+    """Statuses, ids, labels and JSON keys are never edited, so every row reads back."""
+    stack, _ = planted
+    pending = stack.review.pending("alice")
+    redact_user_rows(stack.engine, "alice", text, {})
+    after = stack.review.pending("alice")
+    assert [(d.id, d.status, d.label, d.proposed_by) for d in after] == [
+        (d.id, d.status, d.label, d.proposed_by) for d in pending
+    ]
+    assert stack.recall.count("alice") == 2

@@ -1,19 +1,21 @@
-"""Redacting a text from a user's SQL rows (`dmem redact`): every text column of every table
-keyed by the user (pending diffs' proposals and reasons, recall messages, summaries, turn
-bookkeeping) gets the text replaced by REDACTED, and every commit id a redaction rewrote is
-replaced by its new id (the `*_sha` columns: a diff's `commit_sha` and `base_sha`).
+"""Redacting a text from a user's SQL rows (`dmem redact`): in the columns that hold what
+was said or proposed (a pending diff's proposal, reasoning and reasons, recall messages,
+summaries, the turns' stored contexts and model replies) the text is replaced by REDACTED,
+and every commit id the redaction rewrote is replaced by its new one (a diff's `commit_sha`
+and `base_sha`, the prompt base's commit). Nothing else is edited: ids, statuses, names.
 
-The text is matched as written and as JSON writes it inside a string (`"` and `\\` escaped,
-non-ASCII escaped or not), since proposals and turn bookkeeping are stored as JSON. Idempotent:
-a second run finds nothing. On SQLite the replaced bytes do not linger: connections run with
-`secure_delete`, the recall full-text index is told of each change (it has no update trigger)
-and merged, and the WAL is emptied (store/erasure.py).
+The text is found as written and as JSON writes it inside a string; in a JSON column it is
+replaced in the string values only (a key that happens to read as the text stays), so every
+model reads back. Idempotent: a second run finds nothing. On SQLite the replaced bytes do not
+linger: connections run with `secure_delete`, the recall full-text index is told of each
+change (it has no update trigger) and merged, and the WAL is emptied (store/erasure.py).
 """
 
 import json
 from collections.abc import Iterator, Mapping
+from typing import Any
 
-from sqlalchemy import Column, Connection, Engine, String, Table, TypeDecorator, func, text
+from sqlalchemy import Column, Connection, Engine, Select, Table, or_, select, text
 from sqlmodel import SQLModel
 
 from durable_memory.memory.core.ids import validate_user_id
@@ -22,17 +24,25 @@ from durable_memory.memory.store.recall import RECALL_FTS
 from durable_memory.memory.store.redaction.history import REDACTED
 from durable_memory.memory.store.sql import raw_sqlite
 
-REDACTED_TABLES = (
-    "pending_diffs",
-    "recall_messages",
-    "conversation_summaries",
-    "user_turn_contexts",
-    "user_turn_steps",
-    "rotation_state",
-)
-"""The tables keyed by a user that hold what was said or proposed (store/erasure.py's
-USER_TABLES but the list of users and the payload keys, which hold no content and must
-never be edited)."""
+CONTENT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "pending_diffs": ("reasoning", "summary", "decision_reason"),
+    "recall_messages": ("content",),
+    "conversation_summaries": ("text",),
+}
+"""Text columns of what was said or proposed. Ids, statuses, names and labels are never
+edited: a short text may be part of one."""
+JSON_COLUMNS: dict[str, tuple[str, ...]] = {
+    "pending_diffs": ("operation", "edited_operation"),
+    "user_turn_contexts": ("body",),
+    "user_turn_steps": ("reply",),
+}
+"""Columns holding a model as JSON: the text is replaced in its string values only, never in
+a key, so the model still reads back."""
+COMMIT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "pending_diffs": ("base_sha", "commit_sha"),
+    "prompt_bases": ("commit_sha",),
+}
+"""Columns holding one commit id, whole: mapped to the rewritten one."""
 
 
 def spellings(needle: str) -> list[str]:
@@ -41,58 +51,100 @@ def spellings(needle: str) -> list[str]:
     return list(dict.fromkeys(forms))
 
 
-def _text_columns(table: Table) -> Iterator[Column[str]]:
-    keys = {c.name for c in table.primary_key.columns} | {"user_id"}
-    for column in table.columns:
-        # SQLModel's str columns are AutoString, a TypeDecorator over String.
-        kind = column.type.impl if isinstance(column.type, TypeDecorator) else column.type
-        if isinstance(kind, String) and column.name not in keys:
-            yield column
+def _columns() -> Iterator[tuple[Table, Column[str], bool]]:
+    """(table, column, holds JSON) of every column a text is redacted from."""
+    for columns, is_json in ((CONTENT_COLUMNS, False), (JSON_COLUMNS, True)):
+        for name, names in columns.items():
+            table = SQLModel.metadata.tables[name]
+            for column in names:
+                yield table, table.c[column], is_json
+
+
+STRUCTURAL_KEYS = frozenset(
+    {
+        "id",
+        "op",
+        "type",
+        "role",
+        "kind",
+        "name",
+        "label",
+        "field",
+        "operation",
+        "status",
+        "source",
+        "stop_reason",
+        "tool_use_id",
+        "tool_call_id",
+        "turn_id",
+        "user_id",
+        "model",
+    }
+)
+"""Keys whose string values are tags, ids or names in our models (an operation's `op`, a
+message's `role`, a content block's `type`...): never edited, or the model no longer reads
+back. What a person or the model wrote is under other keys (`value`, `fact`, `text`...)."""
+
+
+def _redacted_json(value: object, needle: str, key: str = "") -> object:
+    if isinstance(value, str):
+        return value if key in STRUCTURAL_KEYS else value.replace(needle, REDACTED)
+    if isinstance(value, list):
+        return [_redacted_json(item, needle, key) for item in value]
+    if isinstance(value, dict):
+        return {k: _redacted_json(item, needle, k) for k, item in value.items()}
+    return value
+
+
+def _holding(table: Table, column: Column[str], user_id: str, needle: str) -> Select[Any]:
+    found = [column.contains(form, autoescape=True) for form in spellings(needle)]
+    return select(*table.primary_key.columns, column).where(table.c.user_id == user_id, or_(*found))
 
 
 def rows_holding(engine: Engine, user_id: str, needle: str) -> int:
-    """How many of the user's rows hold the text in any spelling (for the redaction's count
-    and its tests)."""
-    found = 0
+    """How many of the user's column values hold the text, in any spelling (for the
+    redaction's tests and its count)."""
     with engine.connect() as conn:
-        for name in REDACTED_TABLES:
-            table = SQLModel.metadata.tables[name]
-            for column in _text_columns(table):
-                for form in spellings(needle):
-                    query = (
-                        table.select()
-                        .with_only_columns(func.count())
-                        .where(table.c.user_id == user_id, column.contains(form, autoescape=True))
-                    )
-                    found += int(conn.execute(query).scalar_one())
-    return found
+        return sum(
+            len(conn.execute(_holding(table, column, user_id, needle)).all())
+            for table, column, _ in _columns()
+        )
 
 
 def redact_user_rows(engine: Engine, user_id: str, needle: str, commits: Mapping[str, str]) -> int:
-    """Replace the text (REDACTED) and the rewritten commit ids (old -> new) in every row of
-    the user; how many column values held the text."""
+    """Replace the text (REDACTED) in what the user said and was proposed, and the rewritten
+    commit ids (old -> new); how many column values held the text."""
     validate_user_id(user_id)
     sqlite = engine.dialect.name == "sqlite"
     replaced = 0
     with engine.begin() as conn:
-        recall = (
-            sorted({i for form in spellings(needle) for i in _recall_ids(conn, user_id, form)})
-            if sqlite
-            else []
-        )
+        recall = _recall_ids(conn, user_id, needle) if sqlite else []
         _index_recall(conn, recall, "delete")
-        for name in REDACTED_TABLES:
+        for table, column, is_json in _columns():
+            keys = list(table.primary_key.columns)
+            for row in conn.execute(_holding(table, column, user_id, needle)).all():
+                *key, value = row
+                if is_json:
+                    new = json.dumps(
+                        _redacted_json(json.loads(value), needle),
+                        ensure_ascii=False,
+                        separators=(",", ":"),
+                    )
+                else:
+                    new = value.replace(needle, REDACTED)
+                where = [k == v for k, v in zip(keys, key, strict=True)]
+                conn.execute(table.update().where(*where).values({column.name: new}))
+                replaced += 1
+        for name, names in COMMIT_COLUMNS.items():
             table = SQLModel.metadata.tables[name]
-            for column in _text_columns(table):
-                for form in spellings(needle):
-                    replaced += _replace(conn, table, column, user_id, form, REDACTED)
-                if column.name.endswith("_sha"):  # a commit id, whole: mapped to its new one
-                    for old, new in commits.items():
-                        conn.execute(
-                            table.update()
-                            .where(table.c.user_id == user_id, column == old)
-                            .values({column.name: new})
-                        )
+            for column_name in names:
+                column = table.c[column_name]
+                for old, new_id in commits.items():
+                    conn.execute(
+                        table.update()
+                        .where(table.c.user_id == user_id, column == old)
+                        .values({column_name: new_id})
+                    )
         _index_recall(conn, recall, "insert")
     if sqlite:
         with raw_sqlite(engine) as db:
@@ -100,17 +152,6 @@ def redact_user_rows(engine: Engine, user_id: str, needle: str, commits: Mapping
             db.commit()
             truncate_wal(db)
     return replaced
-
-
-def _replace(
-    conn: Connection, table: Table, column: Column[str], user_id: str, old: str, new: str
-) -> int:
-    statement = (
-        table.update()
-        .where(table.c.user_id == user_id, column.contains(old, autoescape=True))
-        .values({column.name: func.replace(column, old, new)})
-    )
-    return int(conn.execute(statement).rowcount)
 
 
 def _recall_ids(conn: Connection, user_id: str, needle: str) -> list[int]:
