@@ -47,6 +47,7 @@ from tests.support.distributed import (
     git_server,
     restart_git_server,
     start_git_server,
+    two_hosts,
 )
 from tests.support.postgres import fresh_schema_url
 from tests.support.snapshots import snapshot
@@ -221,23 +222,7 @@ def all_git_objects(repository: Path) -> bytes:
 def test_another_hosts_clone_keeps_nothing_once_it_meets_the_forgotten_user(
     tmp_path: Path, served: bool
 ) -> None:
-    with contextlib.ExitStack() as cleanup:
-        remote = f"file://{tmp_path / 'shared'}"
-        if served:
-            remote = cleanup.enter_context(git_server(tmp_path / "shared")).url
-        here, there = (
-            cleanup.enter_context(
-                contextlib.closing(
-                    open_stack(
-                        tmp_path / host,
-                        profile="essay_coach",
-                        git_remote=remote,
-                        git_token=GIT_TOKEN,
-                    )
-                )
-            )
-            for host in ("here", "there")
-        )
+    with two_hosts(tmp_path, served) as (here, there):
         plant(here, "alice")
         there.blocks.read_block("alice", "student")  # the other host clones her memory
         clone = tmp_path / "there" / "clones" / "alice"

@@ -8,7 +8,6 @@ nothing.
 """
 
 import asyncio
-import contextlib
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,7 +41,7 @@ from durable_memory.review.app import build_app
 from durable_memory.review.server import review_link
 from durable_memory.scripted_model import ScriptedModelServer
 from tests.support.agent_helpers import edit_block
-from tests.support.distributed import GIT_TOKEN, git_server
+from tests.support.distributed import two_hosts
 from tests.support.postgres import fresh_schema_url
 from tests.support.review import open_session, with_review
 from tests.support.snapshots import snapshot
@@ -186,24 +185,8 @@ def test_postgres_rows_and_passages_are_redacted(tmp_path: Path, postgres_url: s
 
 @pytest.mark.parametrize("served", [False, True], ids=["file", "git-serve"])
 def test_the_remote_and_every_clone_lose_the_text(tmp_path: Path, served: bool) -> None:
-    with contextlib.ExitStack() as cleanup:
+    with two_hosts(tmp_path, served) as (here, there):
         shared = tmp_path / "shared"
-        remote = f"file://{shared}"
-        if served:
-            remote = cleanup.enter_context(git_server(shared)).url
-        here, there = (
-            cleanup.enter_context(
-                contextlib.closing(
-                    open_stack(
-                        tmp_path / host,
-                        profile="essay_coach",
-                        git_remote=remote,
-                        git_token=GIT_TOKEN,
-                    )
-                )
-            )
-            for host in ("here", "there")
-        )
         plant(here, "alice")
         there.blocks.read_block("alice", "human")  # the other host clones her memory
         clone = tmp_path / "there" / "clones" / "alice"

@@ -4,9 +4,10 @@ the environment a `dmem` process on another "host" needs."""
 
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, closing, contextmanager
 from pathlib import Path
 
+from durable_memory.bootstrap import MemoryStack, open_stack
 from durable_memory.config import MemorySettings, Settings
 from durable_memory.gitserver.server import GitServer, ServeSettings
 from tests.support.temporal_helpers import rig_settings
@@ -78,3 +79,24 @@ def remote_log(bare: Path, *args: str) -> str:
         text=True,
         timeout=60,
     ).stdout
+
+
+@contextmanager
+def two_hosts(root: Path, served: bool) -> Iterator[tuple[MemoryStack, MemoryStack]]:
+    """Two hosts' stacks (data dirs `root/here` and `root/there`, essay_coach, embedded
+    stores) on one git remote: the bare repositories in `root/shared`, reached as `file://`
+    or, when `served`, through `dmem git-serve` over that directory."""
+    with ExitStack() as cleanup:
+        shared = root / "shared"
+        remote = cleanup.enter_context(git_server(shared)).url if served else f"file://{shared}"
+        here, there = (
+            cleanup.enter_context(
+                closing(
+                    open_stack(
+                        root / host, profile="essay_coach", git_remote=remote, git_token=GIT_TOKEN
+                    )
+                )
+            )
+            for host in ("here", "there")
+        )
+        yield here, there
