@@ -36,7 +36,7 @@ from durable_memory.codec.payload_codec import (
     data_converter_for,
     user_of_workflow,
 )
-from durable_memory.codec.server import codec_app_for
+from durable_memory.codec.server import MAX_PAYLOADS, codec_app_for
 from durable_memory.config import (
     CODEC_SERVER_TOKEN_ENV,
     PAYLOAD_MASTER_KEY_ENV,
@@ -434,6 +434,8 @@ async def test_an_encrypted_turn_shows_nothing_without_the_key_and_is_shredded_b
         assert evil_preflight.status_code == 403
         assert "access-control-allow-origin" not in evil_preflight.headers
         assert (await http.post("/decode", content=b"{", headers=bearer)).status_code == 400
+        too_many = {"payloads": [{"metadata": {}, "data": ""}] * (MAX_PAYLOADS + 1)}
+        assert (await http.post("/decode", json=too_many, headers=bearer)).status_code == 413
 
         # While the forget runs, a turn of the user is refused before anything is encrypted.
         rig.stack.erasures.begin("carol", "dpo", "request 2")

@@ -27,6 +27,9 @@ from durable_memory.config import ConfigError, Settings
 
 MAX_BODY_BYTES = 32 << 20
 """A history's payloads, as the UI sends them in one request, stay far below this."""
+MAX_PAYLOADS = 10_000
+"""Payloads in one request: each names a key looked up at once (one query), so the count is
+bounded too, not only the bytes."""
 ALLOWED_HEADERS = "authorization, content-type, x-namespace"
 
 
@@ -83,6 +86,12 @@ def build_codec_app(
         except json_format.ParseError as error:
             return PlainTextResponse(
                 f'expected {{"payloads": [...]}}: {error}'[:300], status_code=400, headers=headers
+            )
+        if len(payloads.payloads) > MAX_PAYLOADS:
+            return PlainTextResponse(
+                f"{len(payloads.payloads)} payloads in one request; at most {MAX_PAYLOADS}",
+                status_code=413,
+                headers=headers,
             )
         try:
             if request.url.path.endswith("/decode"):
