@@ -134,14 +134,10 @@ class Blocks:
                 return head, None
             return head, {s.label: Block(s.label, s, parse(tx, s, base), base) for s in specs}
 
-    def read_blocks(self, user_id: str, at: str | None = None) -> dict[str, Block]:
-        """Every block of the user's profile, in profile order, at commit `at` (default HEAD;
-        a block the commit lacks at its default)."""
-        with self._access.git.transaction(user_id) as tx:
-            return {
-                spec.label: Block(spec.label, spec, self._access.parse(tx, spec, at), at or tx.head)
-                for spec in self._access.profile_in(tx).blocks
-            }
+    def read_blocks(self, user_id: str) -> dict[str, Block]:
+        """Every block of the user's profile at HEAD, in profile order (a block the repository
+        lacks at its default)."""
+        return self.read_blocks_and_base(user_id, None)[0]
 
     def last_change(self, user_id: str) -> CommitInfo | None:
         """The commit that last changed the user's blocks; None before the first."""

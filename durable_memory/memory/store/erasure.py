@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import Engine
 from sqlmodel import Field, Session, SQLModel, col, select
+from sqlmodel.sql.expression import SelectOfScalar
 
 from durable_memory.memory.core.errors import (
     DurableMemoryError,
@@ -75,6 +76,14 @@ def _record(row: ErasureRow) -> ErasureRecord:
     )
 
 
+def _being_forgotten(user_id: str, row: ErasureRow) -> UserBeingForgotten:
+    return UserBeingForgotten(
+        f"user '{user_id}' is being forgotten (requested by {row.requested_by} at "
+        f"{utc(row.started_at).isoformat(timespec='seconds')}): no turn or change is "
+        "accepted until it completes"
+    )
+
+
 class ErasureLedger:
     """The erasure records; an open one (begun, not completed) keeps the user's turns out."""
 
@@ -126,18 +135,18 @@ class ErasureLedger:
         with Session(self.engine) as session:
             row = self._open(session, user_id)
         if row is not None:
-            raise UserBeingForgotten(
-                f"user '{user_id}' is being forgotten (requested by {row.requested_by} at "
-                f"{utc(row.started_at).isoformat(timespec='seconds')}): no turn or change is "
-                "accepted until it completes"
-            )
+            raise _being_forgotten(user_id, row)
 
     def refuse_if_forgotten(self, user_id: str) -> None:
         """UserBeingForgotten while the user's erasure is under way; UserForgotten once it
         completed, until a caller starts the user afresh (`readmit`). So a step of a turn
-        begun before the forget, or a request retried after it, writes nothing again."""
-        self.refuse_if_open(user_id)
-        latest = self._latest(user_id)
+        begun before the forget, or a request retried after it, writes nothing again. One
+        query: every step of a turn asks."""
+        with Session(self.engine) as session:
+            rows = session.exec(self._newest_first(user_id)).all()
+        if open_row := next((row for row in rows if row.completed_at is None), None):
+            raise _being_forgotten(user_id, open_row)
+        latest = rows[0] if rows else None
         if latest is not None and latest.readmitted_at is None:
             assert latest.completed_at is not None  # none is open (above)
             raise UserForgotten(
@@ -152,32 +161,24 @@ class ErasureLedger:
         forget is under way)."""
         self.refuse_if_open(user_id)
         with Session(self.engine) as session:
-            row = self._latest(user_id, session)
+            row = session.exec(self._newest_first(user_id)).first()
             if row is not None and row.readmitted_at is None:
                 row.readmitted_at = datetime.now(UTC)
                 session.add(row)
                 session.commit()
 
-    def _latest(self, user_id: str, session: Session | None = None) -> ErasureRow | None:
-        query = (
+    @staticmethod
+    def _newest_first(user_id: str) -> SelectOfScalar[ErasureRow]:
+        return (
             select(ErasureRow)
             .where(ErasureRow.user_hash == user_hash(user_id))
             .order_by(col(ErasureRow.started_at).desc())
         )
-        if session is not None:
-            return session.exec(query).first()
-        with Session(self.engine) as own:
-            return own.exec(query).first()
 
     def records(self, user_id: str) -> list[ErasureRecord]:
         """The user's erasure records, newest first."""
         with Session(self.engine) as session:
-            rows = session.exec(
-                select(ErasureRow)
-                .where(ErasureRow.user_hash == user_hash(user_id))
-                .order_by(col(ErasureRow.started_at).desc())
-            ).all()
-            return [_record(row) for row in rows]
+            return [_record(row) for row in session.exec(self._newest_first(user_id)).all()]
 
 
 def erase_user_rows(engine: Engine, user_id: str) -> int:
