@@ -15,9 +15,11 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.models.history import Author, AuthorKind
+from durable_memory.models.turn import SweepInput
 from durable_memory.workers.dev_server import temporal_binary
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
-from tests.support.temporal_helpers import rig_settings, running_rig
+from durable_memory.workflows.rotation import RotationSweepWorkflow
+from tests.support.temporal_helpers import Rig, rig_settings, running_rig
 
 HERE = Path(__file__).parent / "histories"
 
@@ -75,7 +77,25 @@ async def record() -> None:
             (HERE / "rotation.json").write_text(
                 (await rotation.fetch_history()).to_json(), encoding="utf-8"
             )
+            await record_sweep(rig, "sweep.json")
     await env.shutdown()
+
+
+async def record_sweep(rig: Rig, file_name: str) -> None:
+    """A rotation sweep that finds alice's human block over its threshold and starts its
+    rotation (the schedule's run, started here by hand)."""
+    backend = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
+    for i in range(3):
+        rig.stack.edits.add_context("alice", f"sweep note {i} " + "s" * 400, backend)
+    sweep = await rig.client.client.start_workflow(
+        RotationSweepWorkflow.run,
+        SweepInput(),
+        id="rotation-sweep-recorded",
+        task_queue=rig.settings.temporal.task_queue,
+    )
+    assert await sweep.result() == 1
+    await rig.client.client.get_workflow_handle("rotation-alice-human").result()
+    (HERE / file_name).write_text((await sweep.fetch_history()).to_json(), encoding="utf-8")
 
 
 if __name__ == "__main__":
