@@ -1,7 +1,7 @@
-"""Determinism: recorded histories of a turn (approval, rejection, expiry) and of a rotation
-replay against today's workflow code, in the sandbox, with the pydantic converter. Each
-patch keeps a history recorded before it (`*_unpatched.json`, `*_before_<patch>.json`) next
-to one recorded after."""
+"""Determinism: recorded histories of a turn (approval, rejection, expiry), of a rotation and
+of a rotation sweep replay against today's workflow code, in the sandbox, with the pydantic
+converter. Each patch keeps a history recorded before it (`*_unpatched.json`,
+`*_before_<patch>.json`) next to one recorded after."""
 
 import base64
 import json
@@ -13,7 +13,10 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from durable_memory.workers.worker import WORKFLOWS
-from durable_memory.workflows.rotation import WORKER_ROTATION_SETTINGS
+from durable_memory.workflows.rotation import (
+    SWEEP_STARTS_ROTATIONS_IN_ACTIVITY,
+    WORKER_ROTATION_SETTINGS,
+)
 from durable_memory.workflows.turn import (
     ANSWER_BEFORE_ROTATION_CHECK,
     GIT_REMOTE_WAIT,
@@ -45,6 +48,8 @@ def test_there_are_histories_to_replay() -> None:
         "turn_approve_reject_expire_unpatched.json",
         "rotation.json",
         "rotation_before_worker_settings.json",
+        "sweep.json",
+        "sweep_before_start_activity.json",
     }
     here = HISTORIES[0].parent
     assert _patches(here / "turn_approve_reject_expire.json") == {
@@ -71,6 +76,11 @@ def test_there_are_histories_to_replay() -> None:
     assert _patches(here / "turn_approve_reject_expire_unpatched.json") == set()
     assert _patches(here / "rotation.json") == {WORKER_ROTATION_SETTINGS}
     assert _patches(here / "rotation_before_worker_settings.json") == set()
+    assert _patches(here / "sweep.json") == {
+        WORKER_ROTATION_SETTINGS,
+        SWEEP_STARTS_ROTATIONS_IN_ACTIVITY,
+    }
+    assert _patches(here / "sweep_before_start_activity.json") == {WORKER_ROTATION_SETTINGS}
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)

@@ -1,36 +1,48 @@
 """The rotation sweep and its Schedule on many hosts: the sweep lists users from the database
 (not one worker's disk), the Schedule is created once whoever starts first, and rotations run
-with the worker's activity settings, not the starter's."""
+with the worker's activity settings, not the starter's. A user being forgotten or forgotten
+stalls no sweep, with payload encryption on or off."""
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from datetime import timedelta
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from sqlalchemy import text
-from temporalio.testing import WorkflowEnvironment
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
+from durable_memory.activities.rotation import SweepActivities
 from durable_memory.bootstrap import MemoryStack, stack_from_settings
-from durable_memory.client import MemoryClient
+from durable_memory.client import MemoryClient, connect_temporal
 from durable_memory.config import Settings
-from durable_memory.memory.store.users import UserDirectory
+from durable_memory.memory.store.users import PayloadKeyStore, UserDirectory
 from durable_memory.models.activity_settings import (
     ActivitiesSettings,
     ActivitySettings,
     RetrySettings,
 )
 from durable_memory.models.history import Author, AuthorKind
-from durable_memory.models.turn import RotationOutcome, SweepInput
+from durable_memory.models.turn import (
+    RotationCandidate,
+    RotationOutcome,
+    SweepInput,
+    rotation_workflow_id,
+)
 from durable_memory.workflows.rotation import RotationSweepWorkflow
 from tests.support.memory import MemoryRig
 from tests.support.temporal_helpers import (
+    Rig,
     default_converter_client,
     rig_settings,
     running_rig,
     workflow_result,
 )
+from tests.test_payload_codec import encrypted_settings
 
 BACKEND = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
 UNUSUAL_STEP = ActivitySettings(
@@ -167,3 +179,95 @@ async def test_a_rotation_with_a_minimal_input_runs_with_the_workers_settings(
         for activity in scheduled:
             assert activity.start_to_close_timeout.ToTimedelta() == timedelta(seconds=19)
             assert activity.retry_policy.maximum_attempts == 6
+
+
+def _settings_on(env: WorkflowEnvironment, settings: Settings) -> Settings:
+    """The settings with the session's dev server as the Temporal address."""
+    address = env.client.service_client.config.target_host
+    return settings.model_copy(
+        update={"temporal": settings.temporal.model_copy(update={"address": address})}
+    )
+
+
+def _closed_users(rig: Rig, tag: str) -> tuple[str, str]:
+    """Two users over their threshold, listed, and closed to memory: one whose forget is under
+    way (killed before it deleted their rows), one forgotten. Neither has a payload key: none
+    may be made for them again."""
+    going, gone = f"going{tag}", f"gone{tag}"
+    for user in (going, gone):
+        _new_user_over_threshold(rig.stack, user)
+        rig.stack.erasures.begin(user, "dpo@school.example", "erasure request")
+    rig.stack.erasures.complete(gone)
+    return going, gone
+
+
+async def _not_found(rig: Rig, workflow_id: str) -> bool:
+    try:
+        await rig.client.client.get_workflow_handle(workflow_id).describe()
+    except RPCError as error:
+        return error.status == RPCStatusCode.NOT_FOUND
+    return False
+
+
+@pytest.mark.parametrize("encryption", ["per_user", "off"])
+async def test_the_sweep_leaves_out_users_being_forgotten_or_forgotten(
+    temporal_env: WorkflowEnvironment, tmp_path: Path, encryption: Literal["per_user", "off"]
+) -> None:
+    """With encryption on, a rotation started for such a user was refused as its input was
+    encrypted, in the sweep's workflow task, retried until the forget completed and then
+    for ever: no other user's block was rotated."""
+    settings = _settings_on(temporal_env, encrypted_settings(tmp_path, encryption))
+    client = await connect_temporal(settings)  # with the codec, as `dmem worker` connects
+    tag = uuid.uuid4().hex[:8]
+    kept = f"kept{tag}"
+    async with running_rig(client, settings, []) as rig:
+        _new_user_over_threshold(rig.stack, kept)
+        going, gone = _closed_users(rig, tag)
+        assert rig.stack.blocks.users() == [kept]
+        started = await client.execute_workflow(
+            RotationSweepWorkflow.run,
+            SweepInput(),
+            id=f"sweep-{tag}",
+            task_queue=settings.temporal.task_queue,
+            execution_timeout=timedelta(seconds=60),  # a stalled sweep fails the test
+        )
+        assert started == 1
+        outcome = await workflow_result(
+            rig.client, rotation_workflow_id(kept, "human"), RotationOutcome
+        )
+        assert outcome.rotated
+        keys = PayloadKeyStore(rig.stack.engine)
+        for user in (going, gone):
+            assert await _not_found(rig, rotation_workflow_id(user, "human"))
+            assert keys.for_user(user) is None
+        assert (keys.for_user(kept) is not None) == (encryption == "per_user")
+
+
+async def test_a_user_forgotten_after_the_listing_is_skipped_and_the_others_start(
+    temporal_env: WorkflowEnvironment, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The race the listing cannot close: the user's forget begins (or completes) between the
+    listing and the start. Encrypting their rotation's input is refused; the sweep's start
+    skips them, logs it, and starts the other users' rotations."""
+    settings = _settings_on(temporal_env, encrypted_settings(tmp_path))
+    client = await connect_temporal(settings)
+    tag = uuid.uuid4().hex[:8]
+    kept = f"kept{tag}"
+    async with running_rig(client, settings, []) as rig:
+        _new_user_over_threshold(rig.stack, kept)
+        going, gone = _closed_users(rig, tag)
+        listed = [RotationCandidate(user_id=user, label="human") for user in (going, kept, gone)]
+        env = ActivityEnvironment()
+        env.info = dataclasses.replace(env.info, task_queue=settings.temporal.task_queue)
+        with caplog.at_level(logging.WARNING, logger="durable_memory.activities.rotation"):
+            started = await env.run(SweepActivities(client).start_rotations, listed)
+        assert started == 1
+        assert f"skipped {going}" in caplog.text
+        assert f"skipped {gone}" in caplog.text
+        outcome = await workflow_result(
+            rig.client, rotation_workflow_id(kept, "human"), RotationOutcome
+        )
+        assert outcome.rotated
+        for user in (going, gone):
+            assert await _not_found(rig, rotation_workflow_id(user, "human"))
+            assert PayloadKeyStore(rig.stack.engine).for_user(user) is None

@@ -1,24 +1,35 @@
 """Activities of a rotation: plan, archive, commit. The ticket carries only the base sha and
 the plan's time; each step re-derives the plan from them, and each step is idempotent
-(see memory/rotation/steps.py)."""
+(see memory/rotation/steps.py). And the sweep's: list the blocks over their threshold, start
+their rotations."""
 
 import logging
 
 from temporalio import activity
+from temporalio.client import Client
+from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from durable_memory.activities.errors import classified_errors
 from durable_memory.bootstrap import MemoryStack
 from durable_memory.faults import AFTER_ARCHIVE, crash_point
-from durable_memory.memory.core.errors import DurableMemoryError
+from durable_memory.memory.core.errors import (
+    DurableMemoryError,
+    UserBeingForgotten,
+    UserForgotten,
+)
 from durable_memory.memory.rotation.planner import RotationPlan
 from durable_memory.models.turn import (
     RotationCandidate,
     RotationCommit,
     RotationInput,
     RotationTicket,
+    rotation_workflow_id,
 )
 
 log = logging.getLogger(__name__)
+
+ROTATION_WORKFLOW = "RotationWorkflow"
+"""workflows/rotation.py's RotationWorkflow, named: that module imports this one."""
 
 
 class RotationActivities:
@@ -69,7 +80,8 @@ class RotationActivities:
     def rotation_candidates(self) -> list[RotationCandidate]:
         """Every user's blocks over their threshold (the adaptive strategy learns from it).
 
-        The users are the database's list, not this worker's disk. A listed user whose
+        The users are the database's list, not this worker's disk, without those being
+        forgotten or forgotten (UserDirectory.users). A listed user whose
         repository is not on this worker's disk (made on another host) is skipped and logged:
         without a shared git remote, only the worker that holds it can check it."""
         with classified_errors(), self.stack.git.pinned():
@@ -82,3 +94,38 @@ class RotationActivities:
                     if self.stack.rotator.check(user_id, spec.label).should_rotate:
                         found.append(RotationCandidate(user_id=user_id, label=spec.label))
             return found
+
+
+class SweepActivities:
+    """The sweep's start of the rotations it found, with the deployment's Temporal client."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    @activity.defn(name="dmem.start_rotations")
+    async def start_rotations(self, candidates: list[RotationCandidate]) -> int:
+        """Start each block's rotation on this worker's task queue; how many were started.
+
+        A block whose rotation is running is left to it. A user forgotten, or whose forget
+        began, since the listing is skipped and logged: with payload encryption their start
+        is refused as its input is encrypted (no key is made for them again), and the other
+        users' rotations must not wait for their forget."""
+        task_queue = activity.info().task_queue
+        with classified_errors():
+            started = 0
+            for candidate in candidates:
+                try:
+                    await self.client.start_workflow(
+                        ROTATION_WORKFLOW,
+                        RotationInput(user_id=candidate.user_id, label=candidate.label),
+                        id=rotation_workflow_id(candidate.user_id, candidate.label),
+                        task_queue=task_queue,
+                        static_summary=f"Rotate {candidate.label} of {candidate.user_id}",
+                    )
+                except WorkflowAlreadyStartedError:
+                    continue
+                except (UserBeingForgotten, UserForgotten) as refused:
+                    log.warning("rotation sweep: skipped %s: %s", candidate.user_id, refused)
+                    continue
+                started += 1
+            return started

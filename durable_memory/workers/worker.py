@@ -15,7 +15,7 @@ from temporalio.worker import Worker
 
 from durable_memory.activities.forget import ForgetActivities
 from durable_memory.activities.redact import RedactActivities
-from durable_memory.activities.rotation import RotationActivities
+from durable_memory.activities.rotation import RotationActivities, SweepActivities
 from durable_memory.activities.turn import TurnActivities
 from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.config import ConfigError, Settings
@@ -39,9 +39,11 @@ ACTIVITY_THREADS = 16
 def activities_for(
     stack: MemoryStack, model: ChatModel, settings: Settings, client: Client
 ) -> list[Any]:
-    """Every activity; the forget's use `client` to find and delete the user's executions."""
+    """Every activity; the forget's use `client` to find and delete the user's executions,
+    the sweep's to start rotations."""
     turns = TurnActivities(stack, stack.turn_steps(model), settings.turn_settings())
     rotation = RotationActivities(stack)
+    sweep = SweepActivities(client)
     forget = ForgetActivities(stack, client)
     redact = RedactActivities(stack, client)
     return [
@@ -57,6 +59,7 @@ def activities_for(
         rotation.archive_rotation,
         rotation.commit_rotation,
         rotation.rotation_candidates,
+        sweep.start_rotations,
         forget.begin_forget,
         forget.end_user_workflows,
         forget.forget_store,

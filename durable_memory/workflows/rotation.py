@@ -6,15 +6,20 @@ one while another runs is refused by Temporal (WorkflowAlreadyStarted), not by a
 The activities' timeouts and retries are the worker's configuration (patch
 `worker-rotation-settings`), as a turn's are; a rotation or sweep started before it runs on
 with the options its input carried.
+
+The sweep lists the blocks over their threshold of every user open to memory (not those
+being forgotten or forgotten), then starts their rotations from an activity (patch
+`sweep-starts-rotations-in-activity`), which skips a user whose start is refused.
 """
 
 from temporalio import workflow
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
-    from durable_memory.activities.rotation import RotationActivities
+    from durable_memory.activities.rotation import RotationActivities, SweepActivities
     from durable_memory.models.activity_settings import ActivitiesSettings
     from durable_memory.models.turn import (
+        RotationCandidate,
         RotationCommit,
         RotationInput,
         RotationOutcome,
@@ -26,6 +31,12 @@ with workflow.unsafe.imports_passed_through():
 WORKER_ROTATION_SETTINGS = "worker-rotation-settings"
 """Patch: a rotation's and a sweep's activity options are the worker's configuration, read by
 the local activity `dmem.turn_settings`, not what the starter put in the input."""
+SWEEP_STARTS_ROTATIONS_IN_ACTIVITY = "sweep-starts-rotations-in-activity"
+"""Patch: the sweep starts its rotations from an activity (`dmem.start_rotations`), not as
+child workflows. With payload encryption, starting a user's rotation encrypts its input with
+the user's key, which is refused for a user being forgotten or forgotten; refused in the
+workflow, that fails the sweep's workflow task again on every retry, stalling the sweep for
+every user. The activity skips that user and starts the others."""
 
 
 async def _activities(carried: ActivitiesSettings | None) -> ActivitiesSettings:
@@ -101,14 +112,31 @@ class RotationSweepWorkflow:
             summary="find blocks over their rotation threshold",
             **activity_options(activities.archive),
         )
-        started = 0
-        for candidate in candidates:
-            # The rotation reads its own worker's settings; an old sweep passes what it had.
-            request = RotationInput(
-                user_id=candidate.user_id, label=candidate.label, activities=sweep.activities
-            )
-            started += await start_rotation(request)
+        if workflow.patched(SWEEP_STARTS_ROTATIONS_IN_ACTIVITY):
+            started = 0
+            if candidates:
+                started = await workflow.execute_activity_method(
+                    SweepActivities.start_rotations,
+                    candidates,
+                    summary="start the rotations",
+                    **activity_options(activities.archive),
+                )
+        else:
+            started = await _start_children(candidates, sweep)
         workflow.set_current_details(
             f"{len(candidates)} block(s) over threshold, {started} rotation(s) started"
         )
         return started
+
+
+async def _start_children(candidates: list[RotationCandidate], sweep: SweepInput) -> int:
+    """How a sweep started before the patch starts its rotations: as children, from the
+    workflow (a start its codec refuses fails the sweep's workflow task, see the patch)."""
+    started = 0
+    for candidate in candidates:
+        # The rotation reads its own worker's settings; an old sweep passes what it had.
+        request = RotationInput(
+            user_id=candidate.user_id, label=candidate.label, activities=sweep.activities
+        )
+        started += await start_rotation(request)
+    return started

@@ -15,6 +15,7 @@ truncated (it holds the old pages). PostgreSQL keeps dead tuples until VACUUM (d
 
 import hashlib
 import sqlite3
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from sqlalchemy import Engine
@@ -44,7 +45,7 @@ USER_TABLES = (
     "users",
 )
 """Every table keyed by a user (`user_id`), the list of who has memory (`users`) last: a
-forget killed half-way is still listed, and found again by the sweep and the operator.
+forget killed half-way is still listed (the rotation sweep leaves them out: store/users.py).
 `user_data_keys` holds the user's payload key (store/users.py): deleting it is the
 crypto-shredding of whatever of theirs Temporal still keeps encrypted."""
 
@@ -82,6 +83,15 @@ def _being_forgotten(user_id: str, row: ErasureRow) -> UserBeingForgotten:
         f"{utc(row.started_at).isoformat(timespec='seconds')}): no turn or change is "
         "accepted until it completes"
     )
+
+
+def _closing(newest_first: Sequence[ErasureRow]) -> ErasureRow | None:
+    """The record that keeps a user out, of their records newest first: an open one (their
+    forget is under way), else the newest if no caller started them afresh since."""
+    if open_row := next((row for row in newest_first if row.completed_at is None), None):
+        return open_row
+    latest = newest_first[0] if newest_first else None
+    return latest if latest is not None and latest.readmitted_at is None else None
 
 
 class ErasureLedger:
@@ -144,17 +154,28 @@ class ErasureLedger:
         query: every step of a turn asks."""
         with Session(self.engine) as session:
             rows = session.exec(self._newest_first(user_id)).all()
-        if open_row := next((row for row in rows if row.completed_at is None), None):
-            raise _being_forgotten(user_id, open_row)
-        latest = rows[0] if rows else None
-        if latest is not None and latest.readmitted_at is None:
-            assert latest.completed_at is not None  # none is open (above)
-            raise UserForgotten(
-                f"user '{user_id}' was forgotten on "
-                f"{utc(latest.completed_at).date().isoformat()}: nothing is kept or written for "
-                "them; to start them again with an empty memory, ask for it "
-                "(send_message(..., fresh_user=True), dmem chat --fresh-user)"
-            )
+        closing = _closing(rows)
+        if closing is None:
+            return
+        if closing.completed_at is None:
+            raise _being_forgotten(user_id, closing)
+        raise UserForgotten(
+            f"user '{user_id}' was forgotten on "
+            f"{utc(closing.completed_at).date().isoformat()}: nothing is kept or written for "
+            "them; to start them again with an empty memory, ask for it "
+            "(send_message(..., fresh_user=True), dmem chat --fresh-user)"
+        )
+
+    def closed_user_hashes(self) -> set[str]:
+        """The `user_hash` of every user closed to memory (being forgotten, or forgotten and
+        not started afresh), as `refuse_if_forgotten` decides it, from one query over the
+        whole ledger: for a listing of many users (the rotation sweep's)."""
+        by_user: dict[str, list[ErasureRow]] = {}
+        with Session(self.engine) as session:
+            ordered = select(ErasureRow).order_by(col(ErasureRow.started_at).desc())
+            for row in session.exec(ordered):
+                by_user.setdefault(row.user_hash, []).append(row)
+        return {hashed for hashed, rows in by_user.items() if _closing(rows) is not None}
 
     def readmit(self, user_id: str) -> None:
         """A caller starts the forgotten user afresh (idempotent; UserBeingForgotten while a

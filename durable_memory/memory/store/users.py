@@ -32,7 +32,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Column, Field, Session, SQLModel, col, select
 
 from durable_memory.memory.core.ids import validate_user_id
-from durable_memory.memory.store.erasure import ErasureLedger
+from durable_memory.memory.store.erasure import ErasureLedger, user_hash
 
 REGISTER_BATCH = 1000
 
@@ -75,9 +75,16 @@ class UserDirectory:
         ErasureLedger(self.engine).readmit(validate_user_id(user_id))
 
     def users(self) -> list[str]:
-        """Every registered user, in id order."""
+        """Every registered user open to memory, in id order: one being forgotten (their row
+        goes last, so a forget killed half-way leaves it) or forgotten and not started afresh
+        is left out, by one query of the erasure ledger for the whole list. So the rotation
+        sweep starts nothing for them."""
         with Session(self.engine) as session:
-            return list(session.exec(select(UserRow.user_id).order_by(col(UserRow.user_id))))
+            listed = session.exec(select(UserRow.user_id).order_by(col(UserRow.user_id))).all()
+        closed = ErasureLedger(self.engine).closed_user_hashes()
+        if not closed:
+            return list(listed)
+        return [user_id for user_id in listed if user_hash(user_id) not in closed]
 
 
 # -- payload keys (durable_memory/codec/) ---------------------------------------------------
