@@ -7,6 +7,7 @@
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.client import MemoryClient, connect_temporal
+from durable_memory.codec.keys import REWRAP_BATCH
 from durable_memory.config import Settings, load_settings
 from durable_memory.memory.core.errors import (
     BlockChanged,
@@ -545,6 +547,36 @@ def cmd_codec_server(args: argparse.Namespace) -> None:
     asyncio.run(serve(_settings(args), args.host, args.port))
 
 
+def cmd_rewrap_keys(args: argparse.Namespace) -> None:
+    from durable_memory.codec.payload_codec import keyring_for
+
+    keyring = keyring_for(_settings(args))
+    if keyring is None:
+        raise UsageError(
+            "dmem rewrap-keys: no master key is configured (payload_encryption.master_key_file "
+            "or $DMEM_PAYLOAD_MASTER_KEY): configure the new one there"
+        )
+    if args.batch < 1:
+        raise UsageError("--batch must be at least 1")
+    report = keyring.rewrap(batch=args.batch)
+    old, new = report.previous_master_key_id, report.master_key_id
+    text = (
+        f"re-wrapped {report.rewrapped} user key(s) from master key {old} to {new}; "
+        f"{report.already} already wrapped by {new}"
+    )
+    if report.unreadable:
+        raise DurableMemoryError(
+            f"{text}; {len(report.unreadable)} key(s) wrapped by {old} do not open with it "
+            f"(altered bytes), left as they are: {', '.join(report.unreadable[:10])}"
+        )
+    _emit(
+        args,
+        {**dataclasses.asdict(report), "unreadable": list(report.unreadable)},
+        f"{text}. Once every process runs with {new}, remove the previous master key "
+        "(payload_encryption.previous_master_key_file, $DMEM_PAYLOAD_PREVIOUS_MASTER_KEY).",
+    )
+
+
 def cmd_review_link(args: argparse.Namespace) -> None:
     from durable_memory.review.server import review_link
 
@@ -674,6 +706,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", help="default: payload_encryption.codec_server.host")
     p.add_argument("--port", type=int, help="default: payload_encryption.codec_server.port")
+    p = add(
+        "rewrap-keys",
+        cmd_rewrap_keys,
+        "re-wrap every user's payload key from the previous master key to the master key "
+        "(docs/governance.md)",
+        True,
+    )
+    p.add_argument(
+        "--batch", type=int, default=REWRAP_BATCH, metavar="N", help="keys per transaction"
+    )
     p = add("review-link", cmd_review_link, "print a signed, expiring review link for USER")
     p.add_argument("user")
     p.add_argument("--ttl", type=float, metavar="S", help="seconds (default: review.link_ttl_s)")

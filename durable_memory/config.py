@@ -239,6 +239,7 @@ class ReviewSettings(BaseModel):
 
 
 PAYLOAD_MASTER_KEY_ENV = "DMEM_PAYLOAD_MASTER_KEY"
+PAYLOAD_PREVIOUS_MASTER_KEY_ENV = "DMEM_PAYLOAD_PREVIOUS_MASTER_KEY"
 CODEC_SERVER_TOKEN_ENV = "DMEM_CODEC_SERVER_TOKEN"
 MIN_CODEC_TOKEN_CHARS = 32
 
@@ -295,6 +296,11 @@ class PayloadEncryptionSettings(BaseModel):
     """A file whose first line is the master key, 64 hex characters (default:
     $DMEM_PAYLOAD_MASTER_KEY); it wraps the users' keys in the database. Needed by
     per_user, and to read payloads encrypted before the mode was turned off."""
+    previous_master_key_file: Path | None = None
+    """During a master-key rotation only (`dmem rewrap-keys`, docs/governance.md "Replacing
+    the master key"): the master key being replaced, given like the master key (default:
+    $DMEM_PAYLOAD_PREVIOUS_MASTER_KEY). Users' keys still wrapped by it are read; every new
+    wrapping uses the master key."""
     codec_server: CodecServerSettings = CodecServerSettings()
 
     @model_validator(mode="before")
@@ -309,21 +315,31 @@ class PayloadEncryptionSettings(BaseModel):
     def master_key(self) -> bytes | None:
         """The master key's 32 bytes, None when none is configured; a malformed one is a
         ConfigError."""
-        value = _first_line_secret(
-            self.master_key_file, PAYLOAD_MASTER_KEY_ENV, "payload_encryption.master_key_file"
+        return _master_key(self.master_key_file, PAYLOAD_MASTER_KEY_ENV, "master_key_file")
+
+    def previous_master_key(self) -> bytes | None:
+        """The master key being replaced, as `master_key` reads the master key."""
+        return _master_key(
+            self.previous_master_key_file,
+            PAYLOAD_PREVIOUS_MASTER_KEY_ENV,
+            "previous_master_key_file",
         )
-        if value is None:
-            return None
-        try:
-            key = bytes.fromhex(value)
-        except ValueError:
-            key = b""
-        if len(key) != 32:
-            raise ConfigError(
-                "payload_encryption: the master key must be 64 hex characters (32 bytes; "
-                "e.g. `openssl rand -hex 32`)"
-            )
-        return key
+
+
+def _master_key(file: Path | None, env: str, key: str) -> bytes | None:
+    value = _first_line_secret(file, env, f"payload_encryption.{key}")
+    if value is None:
+        return None
+    try:
+        master_key = bytes.fromhex(value)
+    except ValueError:
+        master_key = b""
+    if len(master_key) != 32:
+        raise ConfigError(
+            f"payload_encryption.{key} (or ${env}): a master key must be 64 hex characters "
+            "(32 bytes; e.g. `openssl rand -hex 32`)"
+        )
+    return master_key
 
 
 class Settings(BaseModel):

@@ -20,6 +20,9 @@ AFTER_PUSH = "after_push"
 commit recorded)."""
 AFTER_ARCHIVE = "after_archive"
 """A rotation's full text is archived; the compressed block is not committed yet."""
+MID_REWRAP = "mid_rewrap"
+"""`dmem rewrap-keys`: one batch of users' keys is re-wrapped by the new master key (committed);
+the rest are still wrapped by the previous one."""
 
 
 def crash_point(name: str) -> None:

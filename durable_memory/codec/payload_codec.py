@@ -40,7 +40,7 @@ from temporalio.converter import (
 
 from durable_memory.bootstrap import payload_keys_from_settings
 from durable_memory.codec.keys import Keyring, PayloadKeyError, seal, unseal
-from durable_memory.config import Settings
+from durable_memory.config import PAYLOAD_MASTER_KEY_ENV, ConfigError, Settings
 from durable_memory.models.ids import LABEL, USER_ID
 from durable_memory.models.turn import ID_SEPARATOR
 
@@ -148,16 +148,31 @@ def _associated(key_id: str) -> bytes:
     return f"dmem-payload:{key_id}".encode()
 
 
+def keyring_for(settings: Settings) -> Keyring | None:
+    """The users' keys under the configured master key (and, while it is being replaced, the
+    previous one); None when no master key is configured. A previous master key alone is a
+    ConfigError: it is only ever read beside its successor."""
+    encryption = settings.payload_encryption
+    master_key = encryption.master_key()
+    previous = encryption.previous_master_key()
+    if master_key is None:
+        if previous is not None:
+            raise ConfigError(
+                "payload_encryption: a previous master key is configured but no master key: "
+                f"set {PAYLOAD_MASTER_KEY_ENV} or master_key_file to the new one"
+            )
+        return None
+    return Keyring(payload_keys_from_settings(settings), master_key, previous)
+
+
 def payload_codec_for(settings: Settings) -> UserPayloadCodec | None:
     """The codec for the settings: None when no master key is configured (plain JSON, as
     before); a decrypting one when the mode is off but a master key remains (payloads
     encrypted before the mode was turned off still read); an encrypting one for per_user."""
-    encryption = settings.payload_encryption
-    master_key = encryption.master_key()
-    if master_key is None:
+    keyring = keyring_for(settings)
+    if keyring is None:
         return None
-    keyring = Keyring(payload_keys_from_settings(settings), master_key)
-    return UserPayloadCodec(keyring, encrypt=encryption.mode == "per_user")
+    return UserPayloadCodec(keyring, encrypt=settings.payload_encryption.mode == "per_user")
 
 
 def data_converter_for(settings: Settings) -> DataConverter:

@@ -22,11 +22,11 @@ refused before its first payload is encrypted, and nothing recreates the key beh
 forget's back.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import Engine, LargeBinary
+from sqlalchemy import Engine, LargeBinary, func, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Column, Field, Session, SQLModel, col, select
@@ -159,3 +159,48 @@ class PayloadKeyStore:
                 select(PayloadKeyRow).where(col(PayloadKeyRow.key_id).in_(sorted(key_ids)))
             ).all()
             return {row.key_id: _stored(row) for row in rows}
+
+    def count_by_master_key(self) -> dict[str, int]:
+        """How many keys each master key wraps, by its fingerprint."""
+        with Session(self.engine) as session:
+            rows = session.exec(
+                select(PayloadKeyRow.master_key_id, func.count()).group_by(
+                    col(PayloadKeyRow.master_key_id)
+                )
+            ).all()
+            return {master_key_id: int(count) for master_key_id, count in rows}
+
+    def wrapped_by(self, master_key_id: str, after_key_id: str, limit: int) -> list[StoredKey]:
+        """Up to `limit` keys wrapped by that master key, in key id order after `after_key_id`
+        (a cursor: a rewrap passes over a key it cannot open and goes on)."""
+        with Session(self.engine) as session:
+            rows = session.exec(
+                select(PayloadKeyRow)
+                .where(
+                    PayloadKeyRow.master_key_id == master_key_id,
+                    col(PayloadKeyRow.key_id) > after_key_id,
+                )
+                .order_by(col(PayloadKeyRow.key_id))
+                .limit(limit)
+            ).all()
+            return [_stored(row) for row in rows]
+
+    def rewrap(self, rewrapped: Sequence[tuple[StoredKey, StoredKey]]) -> int:
+        """Replace each (old, new) key's wrapping, all in one transaction, each only if the row
+        is still as `old` was (a forget deleted it meanwhile, or another rewrap did it: left
+        as it is); how many rows changed. Each row keeps its wrapping and the fingerprint of
+        the master key that made it together: whenever it stops, every row names its key."""
+        changed = 0
+        with self.engine.begin() as conn:
+            for old, new in rewrapped:
+                assert (old.key_id, old.user_id) == (new.key_id, new.user_id)
+                result = conn.execute(
+                    update(PayloadKeyRow)
+                    .where(
+                        col(PayloadKeyRow.key_id) == old.key_id,
+                        col(PayloadKeyRow.master_key_id) == old.master_key_id,
+                    )
+                    .values(wrapped_key=new.wrapped_key, master_key_id=new.master_key_id)
+                )
+                changed += int(result.rowcount)
+        return changed
