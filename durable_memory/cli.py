@@ -544,7 +544,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
 def cmd_codec_server(args: argparse.Namespace) -> None:
     from durable_memory.codec.server import serve
 
-    asyncio.run(serve(_settings(args), args.host, args.port))
+    audit_log = Path(args.audit_log) if args.audit_log else None
+    asyncio.run(serve(_settings(args), args.host, args.port, audit_log))
 
 
 def cmd_rewrap_keys(args: argparse.Namespace) -> None:
@@ -706,6 +707,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", help="default: payload_encryption.codec_server.host")
     p.add_argument("--port", type=int, help="default: payload_encryption.codec_server.port")
+    p.add_argument(
+        "--audit-log",
+        metavar="FILE",
+        help="append a line per /decode request (default: codec_server.audit_log, else stderr)",
+    )
     p = add(
         "rewrap-keys",
         cmd_rewrap_keys,

@@ -269,6 +269,8 @@ class CodecServerSettings(BaseModel):
     cors_origins: tuple[str, ...] = ("http://127.0.0.1:8233", "http://localhost:8233")
     """The Web UI origins a browser may call the server from (the dev server's UI by
     default); a request from any other origin is refused."""
+    audit_log: Path | None = None
+    """A file the audit line of every /decode request is appended to (default: stderr)."""
 
     def token(self) -> str:
         value = _first_line_secret(

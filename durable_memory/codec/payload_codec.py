@@ -115,14 +115,14 @@ class UserPayloadCodec(PayloadCodec, WithSerializationContext):
     async def _decode(
         self, payloads: Sequence[Payload], *, keep_undecryptable: bool
     ) -> list[Payload]:
-        wanted = {_key_id(p) for p in payloads if p.metadata.get("encoding") == ENCODING}
+        wanted = {key_id_of(p) for p in payloads if p.metadata.get("encoding") == ENCODING}
         keys = await asyncio.to_thread(self.keyring.keys_by_id, wanted) if wanted else {}
         decoded = []
         for payload in payloads:
             if payload.metadata.get("encoding") != ENCODING:
                 decoded.append(payload)
                 continue
-            key_id = _key_id(payload)
+            key_id = key_id_of(payload)
             key = keys.get(key_id)
             if key is None:
                 if keep_undecryptable:
@@ -140,7 +140,8 @@ class UserPayloadCodec(PayloadCodec, WithSerializationContext):
         return decoded
 
 
-def _key_id(payload: Payload) -> str:
+def key_id_of(payload: Payload) -> str:
+    """The id of the key an encrypted payload names."""
     return payload.metadata.get(KEY_ID, b"").decode("ascii", "replace")
 
 
