@@ -1,10 +1,15 @@
 """A smart HTTP git server's ref advertisement (`GET <repo>/info/refs?service=git-upload-pack`),
 read in-process: the remote's main without starting git, so that a transaction whose clone is
 already up to date costs one small request. Anything unexpected is `Unreadable`, and the caller
-lets `git fetch` find out what is wrong."""
+lets `git fetch` find out what is wrong.
 
+Also how every HTTP request of ours to the git server fails (`git_remote_errors`): this
+one and the deletion of a forgotten user's repository (remote.py)."""
+
+import contextlib
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 
 from durable_memory.memory.core.errors import GitRemoteRefused, GitRemoteUnavailable
 from durable_memory.memory.store.git.refs import BRANCH_REF, FULL_SHA, Unreadable
@@ -12,6 +17,29 @@ from durable_memory.memory.store.git.refs import BRANCH_REF, FULL_SHA, Unreadabl
 ADVERTISEMENT_TIMEOUT_S = 30.0
 _MAX_BYTES = 1 << 20
 _CONTENT_TYPE = "application/x-git-upload-pack-advertisement"
+
+
+@contextlib.contextmanager
+def git_remote_errors(where: str) -> Iterator[None]:
+    """A request to the git server, its failure in our error types: HTTP 401 and 403 are
+    GitRemoteRefused (the token; not retried), 5xx and a connection that fails or times out
+    GitRemoteUnavailable (retried, waited out). Any other HTTP status is re-raised as the
+    HTTPError, for the caller to say what it means to it (404: no such repository)."""
+    try:
+        yield
+    except urllib.error.HTTPError as error:
+        if error.code in (401, 403):
+            raise GitRemoteRefused(
+                f"{where}: the git remote refused the token (HTTP {error.code})"
+            ) from None
+        if error.code >= 500:
+            raise GitRemoteUnavailable(
+                f"{where}: the git remote is unavailable (HTTP {error.code})"
+            ) from None
+        raise
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise GitRemoteUnavailable(f"{where}: the git remote is unavailable: {reason}") from None
 
 
 def advertised_main(repository_url: str, token: str | None) -> str | None:
@@ -23,27 +51,17 @@ def advertised_main(repository_url: str, token: str | None) -> str | None:
         | ({"Authorization": f"Bearer {token}"} if token else {}),
     )
     try:
-        with urllib.request.urlopen(request, timeout=ADVERTISEMENT_TIMEOUT_S) as response:
+        with (
+            git_remote_errors(repository_url),
+            urllib.request.urlopen(request, timeout=ADVERTISEMENT_TIMEOUT_S) as response,
+        ):
             if response.headers.get_content_type() != _CONTENT_TYPE:
                 raise Unreadable(f"{repository_url} is not a smart HTTP git server")
             body: bytes = response.read(_MAX_BYTES + 1)
     except urllib.error.HTTPError as error:
         if error.code == 404:
             return None
-        if error.code in (401, 403):
-            raise GitRemoteRefused(
-                f"{repository_url}: the git remote refused the token (HTTP {error.code})"
-            ) from None
-        if error.code >= 500:
-            raise GitRemoteUnavailable(
-                f"{repository_url}: the git remote is unavailable (HTTP {error.code})"
-            ) from None
         raise Unreadable(f"HTTP {error.code}") from None
-    except (urllib.error.URLError, OSError) as error:
-        reason = getattr(error, "reason", error)
-        raise GitRemoteUnavailable(
-            f"{repository_url}: the git remote is unavailable: {reason}"
-        ) from None
     if len(body) > _MAX_BYTES:
         raise Unreadable("the ref advertisement is too large")
     return main_of_advertisement(body)

@@ -44,7 +44,7 @@ from durable_memory.memory.store.bare_repos import (
     ensure_bare_repository,
     existing_bare_repository,
 )
-from durable_memory.memory.store.git.advertisement import advertised_main
+from durable_memory.memory.store.git.advertisement import advertised_main, git_remote_errors
 from durable_memory.memory.store.git.commits import git_process, run_git
 from durable_memory.memory.store.git.refs import (
     BRANCH_REF,
@@ -203,14 +203,15 @@ class RemoteGitBlockStore(GitBlockStore):
             request.add_header("Authorization", f"Bearer {self._token}")
         where = f"deleting {self.remote_url(user_id)}"
         try:
-            with urllib.request.urlopen(request, timeout=NETWORK_TIMEOUT_S) as reply:
+            with (
+                git_remote_errors(where),
+                urllib.request.urlopen(request, timeout=NETWORK_TIMEOUT_S) as reply,
+            ):
                 reply.read()
                 return True
         except urllib.error.HTTPError as error:
             if error.code == 404:
                 return False  # gone already (an earlier attempt)
-            if error.code in (401, 403):
-                raise GitRemoteRefused(f"{where}: the git remote refused the token") from None
             if error.code == 405:
                 raise GitRemoteRefused(
                     f"{where}: the git server does not delete repositories (not `dmem "
@@ -218,8 +219,6 @@ class RemoteGitBlockStore(GitBlockStore):
                     "the forget again"
                 ) from None
             raise GitRemoteUnavailable(f"{where}: HTTP {error.code}") from None
-        except (urllib.error.URLError, OSError) as error:
-            raise GitRemoteUnavailable(f"{where}: the git remote is unavailable: {error}") from None
 
     @contextlib.contextmanager
     def transaction(self, user_id: str, *, create: bool = False) -> Iterator[RemoteTransaction]:
