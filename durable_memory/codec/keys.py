@@ -13,13 +13,14 @@ import hashlib
 import os
 import secrets
 from dataclasses import dataclass
-
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from typing import TYPE_CHECKING
 
 from durable_memory.faults import MID_REWRAP, crash_point
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.store.users import PayloadKeyStore, StoredKey
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 NONCE_BYTES = 12
 REWRAP_BATCH = 500
@@ -36,15 +37,26 @@ def master_key_id(master_key: bytes) -> str:
     return hashlib.sha256(b"dmem-master-key-id\0" + master_key).hexdigest()[:16]
 
 
+def _aes_gcm(key: bytes) -> "AESGCM":
+    """cryptography is imported at the first payload or key sealed or unsealed, not with the
+    codec: every worker and client imports the codec, and a deployment that does not encrypt
+    would carry its ~8 MiB for nothing (docs/benchmarks.md, memory)."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    return AESGCM(key)
+
+
 def seal(key: bytes, plaintext: bytes, associated: bytes) -> bytes:
     """AES-GCM with a random nonce: nonce || ciphertext || tag."""
     nonce = os.urandom(NONCE_BYTES)
-    return nonce + AESGCM(key).encrypt(nonce, plaintext, associated)
+    return nonce + _aes_gcm(key).encrypt(nonce, plaintext, associated)
 
 
 def unseal(key: bytes, sealed: bytes, associated: bytes, what: str) -> bytes:
+    from cryptography.exceptions import InvalidTag  # see _aes_gcm
+
     try:
-        return AESGCM(key).decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], associated)
+        return _aes_gcm(key).decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], associated)
     except (InvalidTag, ValueError):
         raise PayloadKeyError(f"{what} does not decrypt: its bytes were altered") from None
 
