@@ -1,13 +1,15 @@
 """Worker resident memory with 1,000 users' repositories (and archives) on disk and 100 of them
-active, beside its floor: a worker process running only the floor workflows through the same
+active, beside its floors: worker processes running only the floor workflows through the same
 number of turns and decisions.
 
-Both are real processes (`dmem worker`, `python -m bench.floor_worker`) on one dev server.
+All are real processes (`dmem worker`, `python -m bench.floor_worker`) on one dev server.
 RSS is read from /proc at start (after the worker polls), after the workload (current) and
 as the peak (VmHWM). Our workload, over 100 active users, 10 at a time: a turn, a turn whose
 model searches the archive, a turn whose model proposes an edit, its approval (a commit);
-then one rotation sweep over all 1,000 users. The floor runs three floor turns and one floor
-decision per user.
+then one rotation sweep over all 1,000 users. Two floors, each three floor turns and one floor
+decision per user: the bare floor (no-op activities: Temporal and Python alone), and the
+floor with the model call (each turn's one activity calls the same scripted model through the
+anthropic SDK with the same three messages, as the latency floor of bench/pipeline.py does).
 
     .venv/bin/python -m bench.memory [--users 1000] [--active 100] [--out results.json]
 """
@@ -34,7 +36,13 @@ from temporalio.common import WorkflowIDConflictPolicy
 
 from bench.archive_search import RandomVectors, zipf_texts, zipf_vocabulary
 from bench.common import bench_settings, describe, machine, model_server_process
-from bench.floor import FloorDecisionWorkflow, FloorInput, FloorTurnWorkflow
+from bench.floor import (
+    FloorCallsInput,
+    FloorDecisionWorkflow,
+    FloorInput,
+    FloorModelCallWorkflow,
+    FloorTurnWorkflow,
+)
 from bench.processes import start_until_polling, stop_worker
 from durable_memory.bootstrap import stack_from_settings
 from durable_memory.client import MemoryClient
@@ -51,6 +59,9 @@ from tests.support.worker_process import spawn_worker
 
 BACKEND = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
 CONCURRENCY = 10
+MESSAGES = ("hello again", "search the archive for the competition", "propose a name")
+"""An active user's three turns: a plain reply, an archive search, a proposal (the scripted
+model answers each from its words, bench/common.py endless_answer)."""
 
 
 def rss_mib(pid: int) -> dict[str, float]:
@@ -110,9 +121,8 @@ async def _in_batches(work: list[Callable[[], Awaitable[None]]]) -> None:
 async def _ours(client: MemoryClient, users: range) -> None:
     async def user(n: int) -> None:
         name = f"user{n:04d}"
-        await client.send_message(name, "hello again")
-        await client.send_message(name, "search the archive for the competition")
-        reply = await client.send_message(name, "propose a name")
+        for message in MESSAGES:
+            reply = await client.send_message(name, message)
         await client.approve(reply.diffs[0].id, "bench")
 
     await _in_batches([functools.partial(user, n) for n in users])
@@ -128,19 +138,37 @@ async def _sweep(client: MemoryClient) -> None:
     )
 
 
-async def _floor(client: Client, task_queue: str, users: range) -> None:
-    async def user(n: int) -> None:
-        for i in range(3):
-            start = WithStartWorkflowOperation(
+async def _floor(client: Client, task_queue: str, users: range, *, model_call: bool) -> None:
+    """Three floor turns and a floor decision per user; with `model_call`, each turn is the
+    latency floor's (its one activity calls the model through the SDK), else three no-ops."""
+
+    async def turn(n: int, message: str) -> None:
+        if model_call:
+            await client.execute_update_with_start_workflow(
+                FloorModelCallWorkflow.reply,
+                start_workflow_operation=WithStartWorkflowOperation(
+                    FloorModelCallWorkflow.run,
+                    FloorCallsInput(message=message),
+                    id=f"floor-{uuid.uuid4().hex}",
+                    task_queue=task_queue,
+                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                ),
+            )
+            return
+        await client.execute_update_with_start_workflow(
+            FloorTurnWorkflow.reply,
+            start_workflow_operation=WithStartWorkflowOperation(
                 FloorTurnWorkflow.run,
-                FloorInput(user_id=f"user{n:04d}", message=f"turn {i}"),
+                FloorInput(user_id=f"user{n:04d}", message=message),
                 id=f"floor-{uuid.uuid4().hex}",
                 task_queue=task_queue,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            )
-            await client.execute_update_with_start_workflow(
-                FloorTurnWorkflow.reply, start_workflow_operation=start
-            )
+            ),
+        )
+
+    async def user(n: int) -> None:
+        for message in MESSAGES:
+            await turn(n, message)
         handle = await client.start_workflow(
             FloorDecisionWorkflow.run, id=f"floor-d-{uuid.uuid4().hex}", task_queue=task_queue
         )
@@ -202,6 +230,29 @@ def _one_time_costs() -> dict[str, float]:
     return costs
 
 
+async def _floor_leg(
+    client: Client, address: str, model_url: str, users: range, model_call: bool
+) -> dict[str, float]:
+    """A floor worker process of its own (with the model URL, it registers the SDK's model
+    call activity) through the floor workload; its RSS as _measure gives it."""
+    name, task_queue = ("floor_sdk", "bench-floor-sdk") if model_call else ("floor", "bench-floor")
+    floor_env = {k: v for k, v in os.environ.items() if not k.startswith("DMEM_")}
+    argv = [sys.executable, "-m", "bench.floor_worker", address, task_queue, str(ACTIVITY_THREADS)]
+    process = start_until_polling(argv + ([model_url] if model_call else []), floor_env, Path.cwd())
+    half = users[: len(users) // 2], users[len(users) // 2 :]
+    try:
+        return await _measure(
+            name,
+            process,
+            [
+                ("half_active", _floor(client, task_queue, half[0], model_call=model_call)),
+                ("all_active", _floor(client, task_queue, half[1], model_call=model_call)),
+            ],
+        )
+    finally:
+        stop_worker(process)
+
+
 async def main_async(users: int, active: int, out: Path | None) -> None:
     info = machine()
     print(f"machine: {describe(info)}")
@@ -226,38 +277,23 @@ async def main_async(users: int, active: int, out: Path | None) -> None:
             )
         finally:
             stop_worker(ours_process)
-        floor_env = {k: v for k, v in os.environ.items() if not k.startswith("DMEM_")}
-        floor_process = start_until_polling(
-            [
-                sys.executable,
-                "-m",
-                "bench.floor_worker",
-                address,
-                "bench-floor",
-                str(ACTIVITY_THREADS),
-            ],
-            floor_env,
-            Path.cwd(),
-        )
-        try:
-            floor = await _measure(
-                "floor",
-                floor_process,
-                [
-                    ("half_active", _floor(env.client, "bench-floor", range(half))),
-                    ("all_active", _floor(env.client, "bench-floor", range(half, active))),
-                ],
-            )
-        finally:
-            stop_worker(floor_process)
+        floors = {
+            name: await _floor_leg(env.client, address, model_url, range(active), model_call)
+            for name, model_call in (("floor", False), ("floor_sdk", True))
+        }
         stack.close()
         await env.shutdown()
+    floor, floor_sdk = floors["floor"], floors["floor_sdk"]
     ratio = ours["after_sweep"] / floor["all_active"]
-    marginal = (ours["all_active"] - ours["half_active"]) / (active - half) * 1024
-    floor_marginal = (floor["all_active"] - floor["half_active"]) / (active - half) * 1024
+    ratio_sdk = ours["after_sweep"] / floor_sdk["all_active"]
+
+    def marginal(found: dict[str, float]) -> float:
+        return (found["all_active"] - found["half_active"]) / (active - half) * 1024
+
     print(
-        f"ours after the workload / floor: {ratio:.2f}x; each further active user: "
-        f"{marginal:.0f} KiB ours, {floor_marginal:.0f} KiB floor"
+        f"ours after the workload / floor: {ratio:.2f}x, / floor with the model call (SDK): "
+        f"{ratio_sdk:.2f}x; each further active user: {marginal(ours):.0f} KiB ours, "
+        f"{marginal(floor):.0f} KiB floor, {marginal(floor_sdk):.0f} KiB floor with the SDK"
     )
     results: dict[str, Any] = {
         "machine": info,
@@ -265,8 +301,14 @@ async def main_async(users: int, active: int, out: Path | None) -> None:
         "active": active,
         "ours_mib": ours,
         "floor_mib": floor,
+        "floor_sdk_mib": floor_sdk,
         "ratio": ratio,
-        "marginal_kib_per_active_user": {"ours": marginal, "floor": floor_marginal},
+        "ratio_floor_sdk": ratio_sdk,
+        "marginal_kib_per_active_user": {
+            "ours": marginal(ours),
+            "floor": marginal(floor),
+            "floor_sdk": marginal(floor_sdk),
+        },
         "one_time_mib": _one_time_costs(),
     }
     if out:
