@@ -1,8 +1,8 @@
 """The floor process of the memory and distributed benchmarks: a worker with only the floor
-workflows, the same worker settings and data converter as ours, and nothing of ours imported
-(the caller passes the activity thread count), so that its memory is Temporal's and Python's
-alone. With a model URL it also runs the floors' model call and commit activities
-(floor_activities.py).
+workflows, the same worker settings, data converter and C allocator settings as ours, and
+nothing else of ours imported (the caller passes the activity thread count), so that its
+memory is Temporal's and Python's alone. With a model URL it also runs the floors' model call
+and commit activities (floor_activities.py).
 
     .venv/bin/python -m bench.floor_worker ADDRESS TASK_QUEUE THREADS [MODEL_URL]
 """
@@ -26,10 +26,12 @@ from bench.floor import (
     FloorTurnWorkflow,
     noop,
 )
+from durable_memory.workers.malloc import bound_malloc  # imports nothing else of ours
 
 
 async def _serve(address: str, task_queue: str, threads: int, model_url: str | None) -> None:
     """A worker with only the floor workflows: the memory benchmark's floor process."""
+    bound_malloc()  # as `dmem worker` does at its start: a process setting both share
     client = await Client.connect(address, data_converter=pydantic_data_converter)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

