@@ -5,10 +5,10 @@ same, so that its floor has them too: bench/floor_worker.py).
 Why: a worker runs its activities on 16 threads, and glibc gives each thread that allocates an
 arena of its own (up to 8 per core); memory freed in an arena stays resident for that arena's
 later use, so each thread's peak stays. Two arenas, shared by every thread, keep 8-10 MiB
-less resident after the memory benchmark's workload, at no CPU cost measurable on its noise.
+less resident after the memory benchmark's workload, at a CPU cost within its noise.
 Not kept, as measured there (docs/benchmarks.md, memory): a fixed mmap threshold (another
-3-8 MiB, but 14-29% more worker CPU, every large buffer mapped and faulted in anew), and
-malloc_trim after the rotation sweep (~9 MiB, regrown by the next turns).
+3-8 MiB, but ~20% more worker CPU: every large buffer mapped and faulted in anew), and
+malloc_trim after the rotation sweep (~9 MiB, but only in the moment after it).
 
 Nothing is changed where the C library is not glibc. This module imports nothing of ours:
 the floor worker imports it.
