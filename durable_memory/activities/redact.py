@@ -1,8 +1,10 @@
-"""Activities of a redaction (workflows/redact.py): the repository's history rewritten, the
-user's SQL rows and archival passages redacted, on request the user's ended executions
-whose histories hold the text deleted, and last the redaction's own execution deleted (its
-input holds the text). Each is idempotent (memory/service/redaction.py)."""
+"""Activities of a redaction (workflows/redact.py): the open record opened and the writers
+that began before it waited for, the repository's history rewritten, the user's SQL rows and
+archival passages redacted, the record closed, on request the user's ended executions whose
+histories hold the text deleted, and last the redaction's own execution deleted (its input
+holds the text). Each is idempotent (memory/service/redaction.py)."""
 
+import asyncio
 import logging
 from collections.abc import Iterator
 
@@ -10,7 +12,7 @@ from google.protobuf.message import Message
 from temporalio import activity
 from temporalio.api.common.v1 import Payload
 from temporalio.api.history.v1 import History
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from durable_memory.activities.errors import classified_errors
@@ -20,10 +22,14 @@ from durable_memory.activities.forget import (
     user_executions,
 )
 from durable_memory.bootstrap import MemoryStack
+from durable_memory.memory.agent.steps import TurnPositions
 from durable_memory.memory.archive.redaction import redact_passages
+from durable_memory.memory.core.errors import UserBeingRedacted, WritersStillRunning
 from durable_memory.memory.service.redaction import Redactions
+from durable_memory.memory.store.redaction.gate import RedactionGate, TurnProgress
 from durable_memory.memory.store.redaction.rows import spellings
 from durable_memory.models.history import RedactInput, RedactionRecord
+from durable_memory.models.turn import rotation_workflow_id, turn_workflow_id
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +50,94 @@ def _payloads(message: Message) -> Iterator[Payload]:
                 yield from _payloads(item)
 
 
+def loop_finished(turn: TurnProgress) -> bool:
+    """Whether the database shows the turn done with its agent loop, the steps that write
+    what the model said: its last reply (no tool calls) stored and put in recall, or the
+    step-limit note written. A turn not shown done is asked of Temporal."""
+    if turn.last_seq >= TurnPositions.STEP_LIMIT_NOTE:
+        return True
+    reply = turn.newest_reply
+    if reply is None or reply.tool_uses:
+        return False
+    return not reply.text or turn.last_seq >= TurnPositions.reply_seq(turn.newest_step)
+
+
+GATE_REFUSAL = UserBeingRedacted.__name__
+"""The failure type of a step waiting at the gate (memory/store/redaction/gate.py)."""
+
+
 class RedactActivities:
     def __init__(self, stack: MemoryStack, client: Client) -> None:
         self.stack = stack
         self.client = client
         self.redactions = Redactions(stack.blocks, stack.git, stack.engine)
+        self.gate = RedactionGate(stack.engine)
+
+    @activity.defn(name="dmem.begin_redaction")
+    async def begin_redaction(self, request: RedactInput) -> None:
+        """Open the user's record, so new turns, decisions and rotations wait; then
+        WritersStillRunning (retried) while a turn or rotation that began before it may
+        still write what it read before the rewrite."""
+        with classified_errors():
+            user = request.user_id
+            await asyncio.to_thread(
+                self.gate.open, user, request.redaction_id, request.requested_by
+            )
+            running = await self._writers(user)
+            if running:
+                raise WritersStillRunning(
+                    f"the redaction of user '{user}' waits for what began before it to end: "
+                    f"{'; '.join(running)}. Nothing was changed yet; if it never ends, "
+                    "end it (`temporal workflow terminate`) and run the redaction again"
+                )
+
+    async def _writers(self, user_id: str) -> list[str]:
+        """What of the user may still write from a state read before the redaction: turns in
+        their agent loop or committing a decision, and rotations past their plan. A step
+        waiting at the gate (memory/store/redaction/gate.py) writes nothing: not waited for."""
+        turns = await asyncio.to_thread(self.gate.turn_progress, user_id)
+        looping = {turn.turn_id for turn in turns if not loop_finished(turn)}
+        deciding = await asyncio.to_thread(self.gate.deciding_turns, user_id)
+        found = []
+        for turn_id in sorted(looping | deciding):
+            workflow_id = turn_workflow_id(user_id, turn_id)
+            at_gate = await self._pending_at_gate(workflow_id)
+            if at_gate is None:
+                continue
+            if turn_id in looping:
+                found.append(f"turn {turn_id} is replying (workflow {workflow_id})")
+            elif not all(at_gate):
+                found.append(f"turn {turn_id} is committing a decision (workflow {workflow_id})")
+        profile = await asyncio.to_thread(self.stack.blocks.profile, user_id)
+        for spec in profile.blocks:
+            workflow_id = rotation_workflow_id(user_id, spec.label)
+            at_gate = await self._pending_at_gate(workflow_id)
+            if at_gate is not None and not (at_gate and all(at_gate)):  # past its plan
+                found.append(f"block {spec.label} is being rotated (workflow {workflow_id})")
+        return found
+
+    async def _pending_at_gate(self, workflow_id: str) -> list[bool] | None:
+        """For each activity the execution runs or retries, whether it waits at the gate;
+        None if the execution does not run (ended, deleted, never started: a turn killed for
+        good blocks nothing)."""
+        try:
+            described = await self.client.get_workflow_handle(workflow_id).describe()
+        except RPCError as error:
+            if error.status == RPCStatusCode.NOT_FOUND:
+                return None
+            raise
+        if described.status != WorkflowExecutionStatus.RUNNING:
+            return None
+        return [
+            pending.last_failure.application_failure_info.type == GATE_REFUSAL
+            for pending in described.raw_description.pending_activities
+        ]
+
+    @activity.defn(name="dmem.end_redaction")
+    def end_redaction(self, user_id: str) -> None:
+        """Close the user's record (idempotent): their turns, decisions and rotations go on."""
+        with classified_errors():
+            self.gate.close(user_id)
 
     @activity.defn(name="dmem.redact_repository")
     def redact_repository(self, request: RedactInput) -> RedactionRecord:

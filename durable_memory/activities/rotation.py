@@ -18,6 +18,7 @@ from durable_memory.memory.core.errors import (
     UserForgotten,
 )
 from durable_memory.memory.rotation.planner import RotationPlan
+from durable_memory.memory.store.redaction.gate import RedactionGate
 from durable_memory.models.turn import (
     RotationCandidate,
     RotationCommit,
@@ -51,6 +52,8 @@ class RotationActivities:
     @activity.defn(name="dmem.plan_rotation")
     def plan_rotation(self, request: RotationInput) -> RotationTicket | None:
         with classified_errors(), self.stack.git.pinned():
+            # Plans nothing while a redaction of the user is under way (retried): it waits.
+            RedactionGate(self.stack.engine).refuse_if_open(request.user_id)
             plan = self.stack.rotator.plan(request.user_id, request.label, force=request.force)
             if plan is None:
                 return None

@@ -10,6 +10,7 @@ from durable_memory.activities.errors import classified_errors
 from durable_memory.bootstrap import MemoryStack
 from durable_memory.memory.agent.steps import TurnSteps
 from durable_memory.memory.core.errors import DiffAlreadyDecided
+from durable_memory.memory.store.redaction.gate import RedactionGate
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.turn import (
     DecisionOutcome,
@@ -56,6 +57,7 @@ class TurnActivities:
         self.stack = stack
         self.steps = steps
         self.settings = settings
+        self.redaction_gate = RedactionGate(stack.engine)
 
     @activity.defn(name="dmem.turn_settings")
     def turn_settings(self) -> WorkerTurnSettings:
@@ -66,7 +68,12 @@ class TurnActivities:
     @activity.defn(name="dmem.prepare_turn")
     def prepare_turn(self, turn: TurnInput) -> PreparedTurn:
         with classified_errors(), self.stack.git.pinned():
-            return self.steps.prepare(turn)
+            # A turn is admitted before a redaction of its user or after it, never across it
+            # (memory/store/redaction/gate.py): checked before and after the context is stored.
+            self.redaction_gate.admit_turn(turn.user_id, turn.turn_id)
+            prepared = self.steps.prepare(turn)
+            self.redaction_gate.admit_turn(turn.user_id, turn.turn_id)
+            return prepared
 
     @activity.defn(name="dmem.call_model")
     def call_model(self, step: StepInput) -> ModelStepResult:
@@ -92,6 +99,7 @@ class TurnActivities:
         with classified_errors(), self.stack.git.pinned():
             review = self.stack.review
             diff = review.get(decision.diff_id, decision.user_id)
+            self.redaction_gate.refuse_if_open(diff.user_id)  # waits, as a new turn does
             if diff.status is DiffStatus.PENDING:
                 try:
                     return _outcome(self._apply(decision))

@@ -66,6 +66,8 @@ def activities_for(
         forget.delete_user_workflows,
         forget.complete_forget,
         forget.delete_forget_execution,
+        redact.begin_redaction,
+        redact.end_redaction,
         redact.redact_repository,
         redact.redact_rows,
         redact.redact_passages,

@@ -145,6 +145,20 @@ class UserForgotten(DurableMemoryError):
     purpose (`send_message(..., fresh_user=True)`, `dmem chat --fresh-user`)."""
 
 
+class UserBeingRedacted(DurableMemoryError):
+    """A redaction of the user is under way: their new turns, decisions and rotations wait
+    for it (retried), so none stores the redacted text again (docs/governance.md)."""
+
+    retryable = True
+
+
+class WritersStillRunning(DurableMemoryError):
+    """A redaction waits for the user's turns and rotations that began before it to finish
+    writing (retried); once its retries run out the redaction gives up, changing nothing."""
+
+    retryable = True
+
+
 class StoreBusy(DurableMemoryError):
     """A store could not finish a step yet because another party held it (a SQLite reader
     kept the WAL from being emptied; Temporal's visibility still lists what was deleted):

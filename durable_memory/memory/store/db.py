@@ -13,6 +13,7 @@ from durable_memory.memory.store import (  # noqa: F401
     turns,
     users,
 )
+from durable_memory.memory.store.redaction import gate  # noqa: F401
 from durable_memory.memory.store.sql import create_sql_engine, raw_sqlite
 
 

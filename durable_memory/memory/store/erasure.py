@@ -42,6 +42,7 @@ USER_TABLES = (
     "rotation_state",
     "user_data_keys",
     "prompt_bases",
+    "redactions_under_way",
     "users",
 )
 """Every table keyed by a user (`user_id`), the list of who has memory (`users`) last: a
