@@ -8,7 +8,7 @@ import contextlib
 import json
 import sysconfig
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -103,13 +103,15 @@ async def running_rig(
     script: list[dict[str, Any]],
     *,
     keep_running: bool = False,
+    respond: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> AsyncIterator[Rig]:
     """A worker on `settings`' task queue, the stack and client beside it, and the scripted
-    model. When it stops, what its queue still runs is terminated unless `keep_running` (a
-    test whose later rig on the same queue carries on with it)."""
+    model (answering with `respond` instead of the script if given). When it stops, what its
+    queue still runs is terminated unless `keep_running` (a test whose later rig on the same
+    queue carries on with it)."""
     stack = stack_from_settings(settings)
     with (
-        ScriptedModelServer(script) as server,
+        ScriptedModelServer(script, respond=respond) as server,
         concurrent.futures.ThreadPoolExecutor(ACTIVITY_THREADS) as pool,
     ):
         model = AnthropicModel(base_url=server.url)
