@@ -7,17 +7,30 @@ released behind a new workflow type; a compatible change must keep replaying the
 """
 
 import asyncio
+import concurrent.futures
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from temporalio import activity
+from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
-from durable_memory.models.history import Author, AuthorKind
+from durable_memory.bootstrap import stack_from_settings
+from durable_memory.memory.agent.llm import AnthropicModel
+from durable_memory.memory.service.redaction import redaction_id
+from durable_memory.models.diffs import Proposer
+from durable_memory.models.history import Author, AuthorKind, RedactInput, redact_workflow_id
+from durable_memory.models.operations import LearnFact
 from durable_memory.models.turn import SweepInput
+from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workers.dev_server import temporal_binary
+from durable_memory.workers.worker import ACTIVITY_THREADS, WORKFLOWS, activities_for
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
+from durable_memory.workflows.redact import RedactWorkflow
 from durable_memory.workflows.rotation import RotationSweepWorkflow
 from tests.support.temporal_helpers import Rig, rig_settings, running_rig
 
@@ -78,6 +91,7 @@ async def record() -> None:
                 (await rotation.fetch_history()).to_json(), encoding="utf-8"
             )
             await record_sweep(rig, "sweep.json")
+        await record_redaction(env.client, Path(tmp) / "redaction", HERE / "redaction.json")
     await env.shutdown()
 
 
@@ -98,5 +112,74 @@ async def record_sweep(rig: Rig, file_name: str) -> None:
     (HERE / file_name).write_text((await sweep.fetch_history()).to_json(), encoding="utf-8")
 
 
+@activity.defn(name="dmem.delete_redact_execution")
+async def _kept_execution() -> None:
+    """Stands in for the redaction's last step, which deletes its execution (and so the
+    history to record): it never completes; the recording terminates the workflow."""
+    await asyncio.Event().wait()
+
+
+async def record_redaction(client: Client, tmp: Path, path: Path) -> None:
+    """The history of a redaction, up to its last step (which would delete it)."""
+    settings = rig_settings(tmp / "data")
+    stack = stack_from_settings(settings)
+    stack.blocks.ensure_user("alice")
+    fact = "lives at 12 Elm St"
+    diff = stack.review.propose("alice", "human", LearnFact(fact=fact), "why", Proposer.turn("t0"))
+    stack.review.approve(diff.id, "ms-rivera", user_id="alice")
+    request = RedactInput(
+        user_id="alice",
+        label="human",
+        text="12 Elm St",
+        requested_by="dpo@school",
+        reason="recorded",
+        redaction_id=redaction_id("alice", "human", "12 Elm St"),
+    )
+    with (
+        ScriptedModelServer([]) as server,
+        concurrent.futures.ThreadPoolExecutor(ACTIVITY_THREADS) as pool,
+    ):
+        model = AnthropicModel(base_url=server.url)
+        activities = [
+            a
+            for a in activities_for(stack, model, settings, client)
+            if getattr(a, "__name__", "") != "delete_redact_execution"
+        ]
+        async with Worker(
+            client,
+            task_queue=settings.temporal.task_queue,
+            workflows=list(WORKFLOWS),
+            activities=[*activities, _kept_execution],
+            activity_executor=pool,
+        ):
+            handle = await client.start_workflow(
+                RedactWorkflow.run,
+                request,
+                id=redact_workflow_id("alice"),
+                task_queue=settings.temporal.task_queue,
+            )
+            while "dmem.delete_redact_execution" not in (await handle.fetch_history()).to_json():
+                await asyncio.sleep(0.2)
+            path.write_text((await handle.fetch_history()).to_json(), encoding="utf-8")
+            await handle.terminate("recorded")
+        model.close()
+    stack.close()
+
+
+async def record_redaction_only(path: Path) -> None:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(temporal_binary()),
+        search_attributes=SEARCH_ATTRIBUTES,
+        data_converter=pydantic_data_converter,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        await record_redaction(env.client, Path(tmp), path)
+    await env.shutdown()
+
+
 if __name__ == "__main__":
-    asyncio.run(record())
+    # `-m tests.record_histories redaction FILE`: the redaction's history alone, into FILE.
+    if sys.argv[1:2] == ["redaction"]:
+        asyncio.run(record_redaction_only(Path(sys.argv[2])))
+    else:
+        asyncio.run(record())

@@ -1,7 +1,7 @@
 """Determinism: recorded histories of a turn (approval, rejection, expiry), of a rotation and
-of a rotation sweep replay against today's workflow code, in the sandbox, with the pydantic
-converter. Each patch keeps a history recorded before it (`*_unpatched.json`,
-`*_before_<patch>.json`) next to one recorded after."""
+of a rotation sweep and of a redaction (up to its last step, which deletes it) replay against
+today's workflow code, in the sandbox, with the pydantic converter. Each patch keeps a history
+recorded before it (`*_unpatched.json`, `*_before_<patch>.json`) next to one recorded after."""
 
 import base64
 import json
@@ -13,6 +13,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from durable_memory.workers.worker import WORKFLOWS
+from durable_memory.workflows.redact import WAIT_FOR_WRITERS
 from durable_memory.workflows.rotation import (
     SWEEP_STARTS_ROTATIONS_IN_ACTIVITY,
     WORKER_ROTATION_SETTINGS,
@@ -50,6 +51,8 @@ def test_there_are_histories_to_replay() -> None:
         "rotation_before_worker_settings.json",
         "sweep.json",
         "sweep_before_start_activity.json",
+        "redaction.json",
+        "redaction_before_waiting_for_writers.json",
     }
     here = HISTORIES[0].parent
     assert _patches(here / "turn_approve_reject_expire.json") == {
@@ -81,6 +84,8 @@ def test_there_are_histories_to_replay() -> None:
         SWEEP_STARTS_ROTATIONS_IN_ACTIVITY,
     }
     assert _patches(here / "sweep_before_start_activity.json") == {WORKER_ROTATION_SETTINGS}
+    assert _patches(here / "redaction.json") == {WAIT_FOR_WRITERS}
+    assert _patches(here / "redaction_before_waiting_for_writers.json") == set()
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
