@@ -6,7 +6,8 @@ redaction was requested: the redaction waits for it (the turn completes before i
 stored reply is redacted with the rest), a turn started meanwhile waits at its first step and
 then works on the redacted memory; no store, row, git object or passage holds the text after,
 and the held turn replied exactly once. A redaction facing a turn that never ends gives up
-with one clear error and changes nothing. Passages naming a rewritten commit are mapped, and
+with one clear error and changes nothing. A kill at the record's opening or closing is
+finished by the retry. Passages naming a rewritten commit are mapped, and
 an approval after the redaction commits the redacted proposal.
 """
 
@@ -19,7 +20,8 @@ import pytest
 from sqlmodel import Session
 from temporalio.testing import WorkflowEnvironment
 
-from durable_memory.bootstrap import MemoryStack, open_stack
+from durable_memory.bootstrap import MemoryStack, open_stack, stack_from_settings
+from durable_memory.client import MemoryClient
 from durable_memory.config import Settings
 from durable_memory.memory.archive.redaction import count_passages_holding
 from durable_memory.memory.core.errors import DurableMemoryError
@@ -33,8 +35,10 @@ from durable_memory.models.activity_settings import (
 from durable_memory.models.archive import NewPassage, PassageSource
 from durable_memory.models.recall import MessageRole
 from durable_memory.models.turn import turn_workflow_id
+from durable_memory.scripted_model import ScriptedModelServer
 from tests.support.snapshots import snapshot
 from tests.support.temporal_helpers import rig_settings, running_rig
+from tests.support.worker_process import address, crash_settings, worker_process
 from tests.test_forget import all_git_objects, files_holding, rows_holding
 from tests.test_redact import SECRET, facts, plant, redact_everywhere, request
 
@@ -157,6 +161,36 @@ async def test_a_redaction_facing_a_turn_that_never_ends_gives_up_and_changes_no
         assert (await rig.client.send_message("alice", "hello", turn_id="h2")).reply
         await rig.client.redact("alice", "human", SECRET, "dpo@school", "by mistake")
         assert rows_holding(rig.stack, SECRET) == []
+
+
+@pytest.mark.parametrize("step", ["dmem.begin_redaction", "dmem.end_redaction"])
+async def test_a_redaction_killed_at_its_record_is_finished_by_its_retry(
+    temporal_env: WorkflowEnvironment, tmp_path: Path, step: str
+) -> None:
+    """The worker dies once the record is opened (the writers drained) or closed, before the
+    step's completion is reported: the retry on the next worker finishes the redaction, and
+    the record is closed at the end."""
+    settings = crash_settings(tmp_path)
+    data = settings.memory.data_dir
+    data.mkdir(parents=True)
+    stack = stack_from_settings(settings)
+    client = MemoryClient(temporal_env.client, settings, stack)
+    plant(stack, "alice")
+    with ScriptedModelServer([]) as model:
+        with worker_process(
+            settings, address(temporal_env), model.url, f"after:{step}", tmp_path / "crashed"
+        ) as first:
+            redacting = asyncio.create_task(
+                client.redact("alice", "human", SECRET, "dpo@school", "by mistake")
+            )
+            assert await asyncio.to_thread(first.wait, 60) == -9
+        assert (tmp_path / "crashed").exists()
+        with worker_process(settings, address(temporal_env), model.url):
+            await asyncio.wait_for(redacting, 120)
+    assert not redaction_open(stack, "alice")
+    assert rows_holding(stack, SECRET) == []
+    stack.close()
+    assert files_holding(data, SECRET) == []
 
 
 def test_passages_naming_a_rewritten_commit_are_mapped_and_a_later_approval_is_redacted(
