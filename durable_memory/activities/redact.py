@@ -83,6 +83,10 @@ class RedactActivities:
             await asyncio.to_thread(
                 self.gate.open, user, request.redaction_id, request.requested_by
             )
+            # Approvals recorded and not committed (a decision that gave up, a process that
+            # died) are committed now, before the rewrite that will redact them: else a
+            # turn's first step admitted just before the record could commit one after it.
+            await asyncio.to_thread(self.stack.review.finish_approvals, user)
             running = await self._writers(user)
             if running:
                 raise WritersStillRunning(
