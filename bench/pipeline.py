@@ -64,6 +64,7 @@ from durable_memory.memory.agent.llm import AnthropicModel
 from durable_memory.workers.dev_server import start_dev_server
 from durable_memory.workers.worker import (
     ACTIVITY_THREADS,
+    WORKFLOW_RUNNER,
     WORKFLOWS,
     activities_for,
     freeze_startup_objects,
@@ -264,6 +265,7 @@ async def main_async(turns: int, user_counts: list[int], leg_turns: int, out: Pa
             ],
             activity_executor=pool,
             max_concurrent_activities=ACTIVITY_THREADS,
+            workflow_runner=WORKFLOW_RUNNER,  # as build_worker's
             interceptors=[timer],
         )
         client = MemoryClient(env.client, settings, stack)

@@ -2,6 +2,12 @@
 answers turns one after another (a message, one call to an instant scripted model, the
 reply), and the samples are drawn as a flame graph and summed by library and by turn step.
 
+With `--cpu`, no sampling: the worker's CPU per turn beside the floor worker's
+(`bench/floor_worker.py`, a process of its own on the same dev server: update-with-start,
+only the model call(s), the reply), for plain turns and tool-using turns (model -> tool ->
+model against two model calls), in the order ours, floor, floor, ours. Each worker is a
+process of its own, so the figures are the workers' alone (no client, no dev server).
+
 py-spy (a dev dependency) reads the worker's memory through ptrace: run as root, or where
 /proc/sys/kernel/yama/ptrace_scope allows a process to trace its children. Only threads
 running at a sample count (py-spy leaves idle ones out), so the figures are CPU, not waits.
@@ -9,6 +15,7 @@ running at a sample count (py-spy leaves idle ones out), so the figures are CPU,
     .venv/bin/python -m bench.profile_turn [--turns 200] [--rate 250]
         [--out bench/results/profile_turn.json] [--image docs/images/turn-flamegraph.png]
         [--stacks FILE]
+    .venv/bin/python -m bench.profile_turn --cpu [--turns 200] [--out bench/results/turn_cpu.json]
 """
 
 import argparse
@@ -29,12 +36,16 @@ from typing import Any
 import matplotlib
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
+from temporalio.client import Client, WithStartWorkflowOperation
+from temporalio.common import WorkflowIDConflictPolicy
 
 from bench.common import bench_settings, describe, machine, model_server_process
-from bench.processes import stop_worker
+from bench.floor import FloorCallsInput, FloorModelCallWorkflow
+from bench.processes import start_until_polling, stop_worker
 from durable_memory.bootstrap import stack_from_settings
 from durable_memory.client import MemoryClient
 from durable_memory.workers.dev_server import start_dev_server
+from durable_memory.workers.worker import ACTIVITY_THREADS
 from tests.support.worker_process import spawn_worker
 
 USERS = 10
@@ -70,6 +81,7 @@ THREAD_START = ("Thread._bootstrap", "Thread._bootstrap_inner", "Thread.run")
 """Frames every thread's stack starts with, left out of the picture."""
 
 Stack = tuple[str, ...]
+OUT = Path("bench/results/profile_turn.json")
 
 
 def library(frame: str) -> str:
@@ -206,9 +218,71 @@ def _py_spy() -> str:
     return found
 
 
-async def _turns(client: MemoryClient, start: int, count: int) -> None:
+async def _turns(client: MemoryClient, start: int, count: int, say: str = "hello") -> None:
     for n in range(start, start + count):
-        await client.send_message(f"user{n % USERS:02d}", f"hello again, message {n}")
+        await client.send_message(f"user{n % USERS:02d}", f"{say} again, message {n}")
+
+
+FLOOR_QUEUE = "bench-profile-floor"
+KINDS = (("plain", "hello", 1), ("tool", "search", 2))
+"""Each kind of turn: what our user says (the scripted model answers "search" with an
+archival search, so model -> tool -> model), and the floor's model calls for it."""
+
+
+async def _floor_turns(client: Client, start: int, count: int, model_calls: int) -> None:
+    for n in range(start, start + count):
+        operation = WithStartWorkflowOperation(
+            FloorModelCallWorkflow.run,
+            FloorCallsInput(message=f"floor {n}", model_calls=model_calls),
+            id=f"floor-{model_calls}-{n}",
+            task_queue=FLOOR_QUEUE,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        await client.execute_update_with_start_workflow(
+            FloorModelCallWorkflow.reply, start_workflow_operation=operation
+        )
+
+
+async def cpu_per_turn(turns: int) -> dict[str, Any]:
+    """Worker CPU ms per turn, ours and the floor worker's, for each kind of turn."""
+    with tempfile.TemporaryDirectory() as tmp, model_server_process() as (model_url, _):
+        settings = bench_settings(Path(tmp) / "data", task_queue="bench-profile")
+        env = await start_dev_server(settings)
+        stack = stack_from_settings(settings)
+        client = MemoryClient(env.client, settings, stack)
+        address = env.client.service_client.config.target_host
+        ours = spawn_worker(settings, address, model_url)
+        floor_argv = ["-m", "bench.floor_worker", address, FLOOR_QUEUE, str(ACTIVITY_THREADS)]
+        floor = start_until_polling(
+            [sys.executable, *floor_argv, model_url],
+            {k: v for k, v in os.environ.items() if not k.startswith("DMEM_")},
+            Path.cwd(),
+        )
+        results: dict[str, Any] = {}
+        try:
+            for kind, say, calls in KINDS:
+                await _turns(client, 0, WARM_UP_TURNS, say)
+                await _floor_turns(env.client, -WARM_UP_TURNS, WARM_UP_TURNS, calls)
+                spent = {"ours": 0.0, "floor": 0.0}
+                half = turns // 2
+                for n, side in enumerate(("ours", "floor", "floor", "ours")):
+                    process = ours if side == "ours" else floor
+                    before = _cpu_seconds(process.pid)
+                    if side == "ours":
+                        await _turns(client, WARM_UP_TURNS + n * half, half, say)
+                    else:
+                        await _floor_turns(env.client, n * half, half, calls)
+                    spent[side] += _cpu_seconds(process.pid) - before
+                per_turn = {side: round(s * 1000 / (2 * half), 1) for side, s in spent.items()}
+                ratio = round(per_turn["ours"] / per_turn["floor"], 2)
+                results[kind] = {**per_turn, "ratio": ratio}
+                print(f"{kind} turn, worker CPU ms per turn: {results[kind]}")
+        finally:
+            stop_worker(ours)
+            stop_worker(floor)
+            stack.close()
+            await env.shutdown()
+    return {"turns": turns, "load_average": os.getloadavg(), "worker_cpu_ms_per_turn": results}
 
 
 async def profile(turns: int, rate: int, raw: Path) -> dict[str, Any]:
@@ -246,8 +320,11 @@ async def profile(turns: int, rate: int, raw: Path) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument(
+        "--cpu", action="store_true", help="no sampling: CPU per turn, ours and the floor's"
+    )
     parser.add_argument("--rate", type=int, default=250, help="samples per second")
-    parser.add_argument("--out", type=Path, default=Path("bench/results/profile_turn.json"))
+    parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--image", type=Path, default=Path("docs/images/turn-flamegraph.png"))
     parser.add_argument(
         "--stacks",
@@ -258,6 +335,11 @@ def main() -> None:
     matplotlib.use("Agg")
     info = machine()
     print(f"machine: {describe(info)}")
+    if args.cpu:
+        out = args.out if args.out != OUT else Path("bench/results/turn_cpu.json")
+        cpu = {"machine": info, **asyncio.run(cpu_per_turn(args.turns))}
+        out.write_text(json.dumps(cpu, indent=1), encoding="utf-8")
+        return
     with tempfile.TemporaryDirectory() as tmp:
         raw = args.stacks or Path(tmp) / "stacks.txt"
         run = asyncio.run(profile(args.turns, args.rate, raw))
