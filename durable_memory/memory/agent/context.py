@@ -34,13 +34,14 @@ from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.core.formats import escape_prompt_text, render_memory
 from durable_memory.memory.core.tokens import count_tokens, count_tokens_cached
 from durable_memory.memory.service.access import Block
-from durable_memory.memory.service.blocks import Blocks
+from durable_memory.memory.service.blocks import Blocks, BlocksRead
 from durable_memory.memory.service.review import Review
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.memory.store.turns import PromptBaseStore, TurnStore
-from durable_memory.models.blocks import ModelSettings
+from durable_memory.models.blocks import AgentProfile, ModelSettings
 from durable_memory.models.context import CompiledContext, ContextWindowOverview, PromptBase
+from durable_memory.models.history import CommitInfo
 from durable_memory.models.llm import (
     CACHE_TTL_SECONDS,
     CacheControl,
@@ -141,8 +142,13 @@ def to_chat_messages(
     return [ChatMessage.model_validate({"role": r, "content": b}) for r, b in turns]
 
 
-def _metadata(sources: ContextSources, user_id: str, archival_count: int, recall_count: int) -> str:
-    last = sources.blocks.last_change(user_id)
+def _metadata(
+    sources: ContextSources,
+    user_id: str,
+    last: CommitInfo | None,
+    archival_count: int,
+    recall_count: int,
+) -> str:
     own = [d for d in sources.review.pending(user_id) if d.proposer.turn_id is not None]
     changed = last.timestamp.isoformat() if last else "never"
     lines = [
@@ -190,15 +196,18 @@ def compile_context(
     overflow_share: float = DEFAULT_OVERFLOW_SHARE,
     summarizer: Summarizer | None = None,
     base: PromptBase | None = None,
+    profile: AgentProfile | None = None,
 ) -> CompiledContext:
     """Compile the context; if messages push it past `overflow_share` of the window and a
     summarizer is given, fold the oldest messages into the summary first.
 
     The system prompt shows the memory blocks at `base` (the user's prompt base, None: at
     HEAD), and the blocks changed since come as the memory update, unless the base moves to
-    HEAD here (`_memory_parts` says when); `memory_base` says where the blocks are from."""
-    context = _compile(sources, user_id, tools, archival_count, base)
-    window = sources.blocks.profile(user_id).model.context_window
+    HEAD here (`_memory_parts` says when); `memory_base` says where the blocks are from.
+    `profile` is the user's, if the caller has just read it (else it is read here)."""
+    profile = profile or sources.blocks.profile(user_id)
+    context = _compile(sources, user_id, profile, tools, archival_count, base)
+    window = profile.model.context_window
     if summarizer is None or context.overview.total_tokens <= overflow_share * window:
         return context
     after, previous = _summary(sources.summaries, user_id)
@@ -210,7 +219,7 @@ def compile_context(
         return context
     folded = messages[:cut]
     sources.summaries.add(user_id, folded[-1].id, summarizer(folded, previous))
-    return _compile(sources, user_id, tools, archival_count, base)
+    return _compile(sources, user_id, profile, tools, archival_count, base)
 
 
 def _summary(summaries: SummaryStore, user_id: str) -> tuple[int, str | None]:
@@ -245,8 +254,9 @@ def _memory_parts(
     settings: ModelSettings,
     base: PromptBase | None,
     summarized_through: int,
-) -> tuple[str, str, str | None]:
-    """(the system prompt's memory blocks, the memory update, the commit they show).
+) -> tuple[str, str, str | None, CommitInfo | None]:
+    """(the system prompt's memory blocks, the memory update, the commit they show, HEAD's
+    commit).
 
     They show the base's blocks, and the update carries the blocks changed since, unless the
     base moves to HEAD: when there is none or the caller let it go (the cache is cold), when
@@ -263,37 +273,41 @@ def _memory_parts(
         and base.summarized_through_message_id == summarized_through
         else None
     )
+    read: BlocksRead
     try:
-        head, at_base = blocks.read_blocks_and_base(user_id, base_commit)
+        read = blocks.read_blocks_and_base(user_id, base_commit)
     except DurableMemoryError:
         if base_commit is None:
             raise
-        head, at_base = blocks.read_blocks_and_base(user_id, None)  # unreadable at the base
+        read = blocks.read_blocks_and_base(user_id, None)  # unreadable at the base
+    head, at_base, last = read.head, read.at_base, read.head_info
     head_commit = next(iter(head.values())).sha if head else None
     current = _rendered(head)
     if at_base is None or base_commit is None or head_commit == base_commit:
-        return current, "", head_commit
+        return current, "", head_commit, last
     changed = {label: b for label, b in head.items() if b.fields != at_base[label].fields}
     if not changed:  # the same blocks: the same bytes at HEAD
-        return current, "", head_commit
+        return current, "", head_commit, last
     shown, update = _rendered(at_base), _memory_update(changed)
     if count_tokens(update) > settings.memory_delta_max_share * count_tokens(shown):
-        return current, "", head_commit
-    return shown, update, base_commit
+        return current, "", head_commit, last
+    return shown, update, base_commit, last
 
 
 def _compile(
     sources: ContextSources,
     user_id: str,
+    profile: AgentProfile,
     tools: list[dict[str, Any]],
     archival_count: int,
     base: PromptBase | None,
 ) -> CompiledContext:
-    profile = sources.blocks.profile(user_id)
     after, summary = _summary(sources.summaries, user_id)
-    core, update, memory_base = _memory_parts(sources.blocks, user_id, profile.model, base, after)
+    core, update, memory_base, last = _memory_parts(
+        sources.blocks, user_id, profile.model, base, after
+    )
     recall_count = sources.recall.count(user_id)
-    metadata = _metadata(sources, user_id, archival_count, recall_count)
+    metadata = _metadata(sources, user_id, last, archival_count, recall_count)
     summary_text = (
         f"<conversation_summary>\n{escape_prompt_text(summary)}\n</conversation_summary>"
         if summary

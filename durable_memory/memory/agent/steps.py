@@ -36,7 +36,7 @@ from durable_memory.memory.archive.protocol import ArchiveStore
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.core.limits import LimitExceeded, cut_text
 from durable_memory.memory.store.turns import PromptBaseStore, TurnStore
-from durable_memory.models.blocks import ModelSettings
+from durable_memory.models.blocks import AgentProfile, ModelSettings
 from durable_memory.models.context import CompiledContext, PromptBase
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.limits import MAX_REPLY_TEXT_CHARS, MAX_TOOL_CALLS_PER_REPLY
@@ -215,18 +215,21 @@ def turn_context(
     user_id: str,
     summarizer: Summarizer | None = None,
     base: PromptBase | None = None,
+    profile: AgentProfile | None = None,
 ) -> CompiledContext:
     """The context a turn starts from: memory, recall and the tools the user's profile offers
     (also what `dmem context` shows, with the blocks at HEAD). With a summarizer, an
     overflowing context is summarised first; with a prompt base, blocks changed since it come
-    as the memory update (compile_context)."""
+    as the memory update (compile_context). `profile`: the user's, if the caller has it."""
+    profile = profile or sources.blocks.profile(user_id)
     return compile_context(
         sources,
         user_id,
-        tool_definitions(sources.blocks.profile(user_id).tools),
+        tool_definitions(profile.tools),
         archival_count=archive.count(user_id) if archive is not None else 0,
         summarizer=summarizer,
         base=base,
+        profile=profile,
     )
 
 
@@ -271,6 +274,7 @@ class TurnSteps:
             turn.user_id,
             summarizer=model_summarizer(self.model, profile.model),
             base=warm_base(self.bases, self.turns, turn.user_id, profile.model, self.clock()),
+            profile=profile,
         )
         context = self.turns.save_context(turn.user_id, turn.turn_id, context)
         # After the context is stored: a retry of a step that died in between finds the

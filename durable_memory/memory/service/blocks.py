@@ -18,6 +18,16 @@ from durable_memory.models.history import SYSTEM_AUTHOR, CommitInfo
 
 
 @dataclass(frozen=True)
+class BlocksRead:
+    """Every block at HEAD, at a base commit (None: no base, or not in HEAD's history), and
+    HEAD's commit (None before the first), read in one state of the repository."""
+
+    head: dict[str, Block]
+    at_base: dict[str, Block] | None
+    head_info: CommitInfo | None
+
+
+@dataclass(frozen=True)
 class HumanSummary:
     """get_summary() of the seed 000_d8598551964ab573.txt: usage, state, task and how many context
     notes are kept."""
@@ -121,23 +131,25 @@ class Blocks:
         """UserBeingForgotten / UserForgotten: for a step about to write for the user."""
         self._access.users.refuse_if_forgotten(user_id)
 
-    def read_blocks_and_base(
-        self, user_id: str, base: str | None
-    ) -> tuple[dict[str, Block], dict[str, Block] | None]:
+    def read_blocks_and_base(self, user_id: str, base: str | None) -> BlocksRead:
         """Every block at HEAD, and at commit `base` if that is in HEAD's history (None if it
-        is not, or is None), read in one state of the repository."""
+        is not, or is None), and HEAD's commit: one transaction, so one state of the
+        repository (and one lock and repair check, not one per read)."""
         with self._access.git.transaction(user_id) as tx:
             specs = self._access.profile_in(tx).blocks
             parse = self._access.parse
             head = {s.label: Block(s.label, s, parse(tx, s), tx.head) for s in specs}
-            if base is None or not tx.in_history(base):
-                return head, None
-            return head, {s.label: Block(s.label, s, parse(tx, s, base), base) for s in specs}
+            at_base: dict[str, Block] | None = None
+            if base == tx.head:  # the usual turn: nothing committed since the base
+                at_base = head
+            elif base is not None and tx.in_history(base):
+                at_base = {s.label: Block(s.label, s, parse(tx, s, base), base) for s in specs}
+            return BlocksRead(head, at_base, tx.head_info())
 
     def read_blocks(self, user_id: str) -> dict[str, Block]:
         """Every block of the user's profile at HEAD, in profile order (a block the repository
         lacks at its default)."""
-        return self.read_blocks_and_base(user_id, None)[0]
+        return self.read_blocks_and_base(user_id, None).head
 
     def last_change(self, user_id: str) -> CommitInfo | None:
         """The commit that last changed the user's blocks; None before the first."""

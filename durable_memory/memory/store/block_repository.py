@@ -37,6 +37,10 @@ class BlockTransaction(Protocol):
         """The labels of the block files at HEAD."""
         ...
 
+    def head_info(self) -> CommitInfo | None:
+        """HEAD's commit (who, when, why), None before the first one."""
+        ...
+
     def read_profile(self) -> str | None:
         """HEAD's profile record (the text naming the user's profile), None if it has none."""
         ...

@@ -105,39 +105,46 @@ class RecallStore:
         first_seq: int = 0,
         at: datetime | None = None,
     ) -> list[RecallMessage]:
-        """Store messages numbered from `first_seq` in a turn; already stored ones are kept."""
+        """Store messages numbered from `first_seq` in a turn; already stored ones are kept.
+        Plain statements, not ORM objects: every step of a turn appends (a select of the
+        positions, one insert of the new rows, a select of what is stored)."""
         validate_user_id(user_id)
         stamp = utc(at or datetime.now(UTC))
-        with Session(self.engine) as session:
-            existing = {
+        wanted = {first_seq + offset: message for offset, message in enumerate(messages)}
+        if not wanted:
+            return []
+        table = RecallMessageRow.__table__  # type: ignore[attr-defined]
+        of_turn = (table.c.user_id == user_id, table.c.turn_id == turn_id)
+        with self.engine.begin() as connection:
+            stored = set(
+                connection.execute(
+                    select_columns(table.c.seq).where(*of_turn, table.c.seq.in_(list(wanted)))
+                ).scalars()
+            )
+            new = [
+                {
+                    "user_id": user_id,
+                    "turn_id": turn_id,
+                    "seq": seq,
+                    "role": message.role.value,
+                    "content": message.content,
+                    "tool_name": message.tool_name,
+                    "tool_call_id": message.tool_call_id,
+                    "is_error": message.is_error,
+                    "created_at": stamp,
+                }
+                for seq, message in wanted.items()
+                if seq not in stored
+            ]
+            if new:
+                connection.execute(table.insert(), new)
+            rows = {
                 row.seq: row
-                for row in session.exec(
-                    select(RecallMessageRow).where(
-                        RecallMessageRow.user_id == user_id,
-                        RecallMessageRow.turn_id == turn_id,
-                    )
-                ).all()
-            }
-            rows = []
-            for offset, message in enumerate(messages):
-                seq = first_seq + offset
-                row = existing.get(seq) or RecallMessageRow(
-                    user_id=user_id,
-                    turn_id=turn_id,
-                    seq=seq,
-                    role=message.role.value,
-                    content=message.content,
-                    tool_name=message.tool_name,
-                    tool_call_id=message.tool_call_id,
-                    is_error=message.is_error,
-                    created_at=stamp,
+                for row in connection.execute(
+                    _plain_select().where(*of_turn, table.c.seq.in_(list(wanted)))
                 )
-                session.add(row)
-                rows.append(row)
-            session.commit()
-            for row in rows:
-                session.refresh(row)
-            return [_to_model(row) for row in rows]
+            }
+        return [_to_model(rows[seq]) for seq in wanted]
 
     def next_seq(self, user_id: str, turn_id: str) -> int:
         """The next free seq of a turn (0 for a new turn)."""

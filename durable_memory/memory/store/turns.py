@@ -15,9 +15,10 @@ dropped, in the same transaction as the creation. A database is migrated by the 
 """
 
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import Connection, Engine, Table, event, inspect, text
+from sqlalchemy import select as select_columns
 from sqlmodel import Field, Session, SQLModel, col, func, select
 
 from durable_memory.memory.store.sql import utc
@@ -64,46 +65,64 @@ for _name in _LEGACY_TABLES:
     event.listen(SQLModel.metadata.tables[_name], "after_create", _adopt_legacy_rows)
 
 
-Row = TypeVar("Row", TurnContextRow, TurnStepRow)
+def _table(row_type: type[SQLModel]) -> Table:
+    table: Table = row_type.__table__  # type: ignore[attr-defined]
+    return table
 
 
 class TurnStore:
+    """Plain statements on the hot path (every step of every turn reads and writes here),
+    not ORM sessions and objects, whose bookkeeping cost more than the SQL."""
+
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def _first(self, row: Row) -> Row | None:
-        """Store `row` unless a row with its key is stored already: that one, else None."""
-        key = inspect(type(row)).primary_key_from_instance(row)
-        with Session(self.engine) as session:
-            stored = session.get(type(row), key)
+    def _stored(self, row_type: type[SQLModel], column: str, key: dict[str, Any]) -> str | None:
+        """`column` of the row with primary key `key`, None if there is none."""
+        table = _table(row_type)
+        with self.engine.connect() as connection:
+            found: str | None = connection.execute(
+                select_columns(table.c[column]).where(*(table.c[k] == v for k, v in key.items()))
+            ).scalar()
+        return found
+
+    def _keep_first(self, row: TurnContextRow | TurnStepRow, column: str) -> str | None:
+        """Store `row` unless a row with its key is stored already: that one's `column`, else
+        None."""
+        table = _table(type(row))
+        values = row.model_dump()
+        key = {c.name: values[c.name] for c in table.primary_key.columns}
+        with self.engine.begin() as connection:
+            stored: str | None = connection.execute(
+                select_columns(table.c[column]).where(*(table.c[k] == v for k, v in key.items()))
+            ).scalar()
             if stored is None:
-                session.add(row)
-                session.commit()
-            return stored
+                connection.execute(table.insert().values(values))
+        return stored
 
     def save_context(self, user_id: str, turn_id: str, context: CompiledContext) -> CompiledContext:
         """Keep the first context compiled for a user's turn; a retry gets that one back."""
-        stored = self._first(
+        stored = self._keep_first(
             TurnContextRow(
                 user_id=user_id,
                 turn_id=turn_id,
                 body=context.model_dump_json(),
                 created_at=datetime.now(UTC),
-            )
+            ),
+            "body",
         )
-        return context if stored is None else CompiledContext.model_validate_json(stored.body)
+        return context if stored is None else CompiledContext.model_validate_json(stored)
 
     def context(self, user_id: str, turn_id: str) -> CompiledContext:
-        with Session(self.engine) as session:
-            row = session.get(TurnContextRow, (user_id, turn_id))
-        if row is None:
+        body = self._stored(TurnContextRow, "body", {"user_id": user_id, "turn_id": turn_id})
+        if body is None:
             raise LookupError(f"turn {turn_id} of user '{user_id}' has no compiled context")
-        return CompiledContext.model_validate_json(row.body)
+        return CompiledContext.model_validate_json(body)
 
     def reply(self, user_id: str, turn_id: str, step: int) -> ModelReply | None:
-        with Session(self.engine) as session:
-            row = session.get(TurnStepRow, (user_id, turn_id, step))
-        return ModelReply.model_validate_json(row.reply) if row else None
+        key = {"user_id": user_id, "turn_id": turn_id, "step": step}
+        stored = self._stored(TurnStepRow, "reply", key)
+        return ModelReply.model_validate_json(stored) if stored is not None else None
 
     def latest_usage(self, user_id: str) -> tuple[str, TokenUsage] | None:
         """The user's most recent turn that called the model, and its calls' usage summed."""
@@ -127,24 +146,26 @@ class TurnStore:
     def last_reply_at(self, user_id: str) -> datetime | None:
         """When the user's newest model reply was stored (in UTC), None before the first: how
         long the prompt cache has gone unread (memory/agent/context.py)."""
-        with Session(self.engine) as session:
-            newest = session.exec(
-                select(func.max(TurnStepRow.created_at)).where(TurnStepRow.user_id == user_id)
-            ).first()
+        table = _table(TurnStepRow)
+        with self.engine.connect() as connection:
+            newest = connection.execute(
+                select_columns(func.max(table.c.created_at)).where(table.c.user_id == user_id)
+            ).scalar()
         return None if newest is None else utc(newest)
 
     def save_reply(self, user_id: str, turn_id: str, step: int, reply: ModelReply) -> ModelReply:
         """Keep the first reply stored for a step of a user's turn."""
-        stored = self._first(
+        stored = self._keep_first(
             TurnStepRow(
                 user_id=user_id,
                 turn_id=turn_id,
                 step=step,
                 reply=reply.model_dump_json(),
                 created_at=datetime.now(UTC),
-            )
+            ),
+            "reply",
         )
-        return reply if stored is None else ModelReply.model_validate_json(stored.reply)
+        return reply if stored is None else ModelReply.model_validate_json(stored)
 
 
 class PromptBaseRow(SQLModel, table=True):
@@ -167,25 +188,33 @@ class PromptBaseStore:
         self.engine = engine
 
     def get(self, user_id: str) -> PromptBase | None:
-        with Session(self.engine) as session:
-            row = session.get(PromptBaseRow, user_id)
+        table = _table(PromptBaseRow)
+        with self.engine.connect() as connection:
+            row = connection.execute(
+                select_columns(table.c.commit_sha, table.c.summarized_through_message_id).where(
+                    table.c.user_id == user_id
+                )
+            ).first()
         if row is None:
             return None
-        return PromptBase(
-            commit=row.commit_sha, summarized_through_message_id=row.summarized_through_message_id
-        )
+        return PromptBase(commit=row.commit_sha, summarized_through_message_id=row[1])
 
     def move(self, user_id: str, base: PromptBase) -> None:
         """Set the user's base (idempotent: a retry writes nothing new)."""
-        with Session(self.engine) as session:
-            row = session.get(PromptBaseRow, user_id)
+        table = _table(PromptBaseRow)
+        values = {
+            "commit_sha": base.commit,
+            "summarized_through_message_id": base.summarized_through_message_id,
+        }
+        with self.engine.begin() as connection:
+            row = connection.execute(
+                select_columns(table.c.commit_sha, table.c.summarized_through_message_id).where(
+                    table.c.user_id == user_id
+                )
+            ).first()
             if row is None:
-                row = PromptBaseRow(user_id=user_id, commit_sha=base.commit)
-            elif row.commit_sha == base.commit and (
-                row.summarized_through_message_id == base.summarized_through_message_id
-            ):
-                return
-            row.commit_sha = base.commit
-            row.summarized_through_message_id = base.summarized_through_message_id
-            session.add(row)
-            session.commit()
+                connection.execute(table.insert().values(user_id=user_id, **values))
+            elif tuple(row) != tuple(values.values()):
+                connection.execute(
+                    table.update().where(table.c.user_id == user_id).values(**values)
+                )
