@@ -253,6 +253,24 @@ def test_write_interrupted_before_commit_is_rolled_back(svc: MemoryRig) -> None:
     assert not (repo / ".git" / "dmem-journal").exists()
 
 
+def test_a_first_commit_interrupted_after_staging_is_rolled_back(svc: MemoryRig) -> None:
+    """A crash between `git add` and `git commit` of a user's first commit (no HEAD to reset
+    the index to): the next writer unstages what the write staged, and the user's memory is
+    created. (The kill campaign found this: every later turn refused the staged files as
+    staged by hand.)"""
+    repo = svc.git.repo_path("bob")
+    _git(repo.parent, "init", "--quiet", "--initial-branch=main", "bob")
+    (repo / ".git" / "dmem-journal").write_text("student\nprofile.toml", encoding="utf-8")
+    (repo / "blocks").mkdir()
+    (repo / "blocks" / "student.toml").write_text('name = ""\n', encoding="utf-8")
+    (repo / "profile.toml").write_text('profile = "default"\n', encoding="utf-8")
+    _git(repo, "add", "blocks/student.toml", "profile.toml")
+    head = svc.blocks.ensure_user("bob")
+    assert svc.git.head("bob") == head
+    assert _git(repo, "status", "--porcelain") == ""
+    assert not (repo / ".git" / "dmem-journal").exists()
+
+
 def test_hand_edits_are_never_overwritten_and_import_validates(svc: MemoryRig) -> None:
     repo = svc.git.repo_path("alice")
     path = repo / "blocks" / "student.toml"

@@ -225,8 +225,10 @@ def _roll_back(
                 wanted = snapshot.records.get(name) if snapshot else None
                 _put_back(top, name, wanted, set_aside, git_dir, user_id)
         paths.extend(records)
-    if head is not None and paths:
+    if paths and head is not None:
         run_git(repo, lock, "reset", "--quiet", "--", *paths)
+    elif paths:  # a first commit interrupted after staging: no HEAD to reset the index to
+        run_git(repo, lock, "rm", "--cached", "--quiet", "--ignore-unmatch", "--", *paths)
     clear_journal(git_dir)
     log.warning("user '%s': put %s back as at HEAD", user_id, ", ".join(labels) or "nothing")
 
