@@ -26,6 +26,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import json
+import os
 import tempfile
 import time
 import uuid
@@ -77,6 +78,25 @@ async def timed_ms(action: Awaitable[Any]) -> float:
     t = time.perf_counter()
     await action
     return (time.perf_counter() - t) * 1000
+
+
+async def timed_cpu_ms(action: Awaitable[Any], cpu: dict[str, float], side: str) -> float:
+    """`timed_ms`, and the CPU this process spent meanwhile added to `cpu[side]` (ms)."""
+    before = time.process_time()
+    ms = await timed_ms(action)
+    cpu[side] += (time.process_time() - before) * 1000
+    return ms
+
+
+def cpu_line(cpu: dict[str, float], turns: int) -> dict[str, float]:
+    """CPU ms per turn of this process (worker, workflows and client) for each side."""
+    per_turn = {side: ms / turns for side, ms in cpu.items()}
+    print(
+        f"   this process's CPU per turn: ours {per_turn['ours']:.1f} ms, floor "
+        f"{per_turn['floor']:.1f} ms ({per_turn['ours'] / per_turn['floor']:.2f}x); load "
+        f"average {os.getloadavg()[0]:.1f}"
+    )
+    return per_turn
 
 
 def ratio_line(name: str, ours: list[float], floor: list[float]) -> dict[str, Any]:
@@ -299,11 +319,15 @@ async def main_async(turns: int, user_counts: list[int], leg_turns: int, out: Pa
                 ("tool_turn_reply", "search", 2, "tool turn: model-tool-model"),
             ):
                 ours, floor = [], []
+                cpu = {"ours": 0.0, "floor": 0.0}
                 floor_ids.clear()
+                load_before = os.getloadavg()
                 for i in range(turns):  # interleaved, so both see the same machine state
-                    ours.append(await timed_ms(our_turn(i, key, say)))
-                    floor.append(await timed_ms(floor_turn(i, key, calls)))
+                    ours.append(await timed_cpu_ms(our_turn(i, key, say), cpu, "ours"))
+                    floor.append(await timed_cpu_ms(floor_turn(i, key, calls), cpu, "floor"))
                 results[key] = ratio_line(name, ours, floor)
+                results[key]["load_average"] = [load_before, os.getloadavg()]
+                results[key]["process_cpu_ms_per_turn"] = cpu_line(cpu, turns)
                 print("   ours, median time between the events of a turn's history:")
                 ours_ids = await our_workflow_ids(env.client, key, turns)
                 spans = {"ours": await history_spans(env.client, ours_ids)}
@@ -348,7 +372,7 @@ def main() -> None:
     parser.add_argument("--leg-turns", type=int, default=100, help="turns per throughput leg")
     parser.add_argument("--out", type=Path, help="write the figures as JSON")
     args = parser.parse_args()
-    users = [int(u) for u in args.users.split(",")]
+    users = [int(u) for u in args.users.split(",") if u]  # --users '': no throughput legs
     asyncio.run(main_async(args.turns, users, args.leg_turns, args.out))
 
 
