@@ -114,10 +114,24 @@ def _block(m: RecallMessage) -> tuple[str, ContentBlock] | None:
     return None
 
 
+MESSAGE_TOKENS_KEPT = 20_000
+"""Token counts of recall messages kept by `message_tokens` (two ints each, about 2 MiB)."""
+_message_tokens: dict[int, int] = {}
+
+
 def message_tokens(m: RecallMessage) -> int:
-    """Tokens a recall message costs in the context: its content block as sent."""
-    block = _block(m)
-    return count_tokens(block[1].model_dump_json()) + MESSAGE_OVERHEAD_TOKENS if block else 0
+    """Tokens a recall message costs in the context: its content block as sent. Every turn
+    counts every message of its window again, so the counts are kept, by a hash of what the
+    block is made of (a message edited since, by a redaction, is counted afresh)."""
+    key = hash((m.role, m.content, m.tool_name, m.tool_call_id, m.is_error))
+    found = _message_tokens.get(key)
+    if found is None:
+        block = _block(m)
+        found = count_tokens(block[1].model_dump_json()) + MESSAGE_OVERHEAD_TOKENS if block else 0
+        if len(_message_tokens) >= MESSAGE_TOKENS_KEPT:  # bounded: start again
+            _message_tokens.clear()
+        _message_tokens[key] = found
+    return found
 
 
 def to_chat_messages(
