@@ -9,7 +9,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import TypeAdapter
-from sqlalchemy import Engine, update
+from sqlalchemy import Engine, Row, update
+from sqlalchemy import select as select_columns
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from durable_memory.memory.core.errors import DiffAlreadyDecided, UnknownDiff
@@ -42,7 +43,7 @@ class PendingDiffRow(SQLModel, table=True):
     superseded_by: str | None = Field(default=None, max_length=32)
 
 
-def _to_model(row: PendingDiffRow) -> PendingDiff:
+def _to_model(row: PendingDiffRow | Row[Any]) -> PendingDiff:
     return PendingDiff(
         id=row.id,
         user_id=row.user_id,
@@ -63,6 +64,12 @@ def _to_model(row: PendingDiffRow) -> PendingDiff:
         commit_sha=row.commit_sha,
         superseded_by=row.superseded_by,
     )
+
+
+def _plain_select() -> Any:
+    """Diffs as plain rows: every turn lists the user's pending and unfinished ones, and ORM
+    objects and sessions cost more than the query."""
+    return select_columns(*PendingDiffRow.__table__.columns)  # type: ignore[attr-defined]
 
 
 class DiffStore:
@@ -149,13 +156,13 @@ class DiffStore:
     def unfinished_approvals(self, user_id: str) -> list[PendingDiff]:
         """The user's diffs approved but not yet committed: a decision interrupted by a crash
         (or by a failure that outlasted its retries) between recording and committing."""
-        query = select(PendingDiffRow).where(
-            PendingDiffRow.user_id == user_id,
-            PendingDiffRow.status == DiffStatus.APPROVED.value,
+        query = _plain_select().where(
+            col(PendingDiffRow.user_id) == user_id,
+            col(PendingDiffRow.status) == DiffStatus.APPROVED.value,
             col(PendingDiffRow.commit_sha).is_(None),
         )
-        with Session(self.engine) as session:
-            return [_to_model(row) for row in session.exec(query).all()]
+        with self.engine.connect() as connection:
+            return [_to_model(row) for row in connection.execute(query)]
 
     def list(
         self,
@@ -165,14 +172,14 @@ class DiffStore:
         limit: int = 100,
     ) -> list[PendingDiff]:
         """Newest first."""
-        query = select(PendingDiffRow).where(PendingDiffRow.user_id == user_id)
+        query = _plain_select().where(col(PendingDiffRow.user_id) == user_id)
         if statuses:
             query = query.where(col(PendingDiffRow.status).in_([s.value for s in statuses]))
         if label is not None:
-            query = query.where(PendingDiffRow.label == label)
+            query = query.where(col(PendingDiffRow.label) == label)
         query = query.order_by(col(PendingDiffRow.created_at).desc()).limit(limit)
-        with Session(self.engine) as session:
-            return [_to_model(row) for row in session.exec(query).all()]
+        with self.engine.connect() as connection:
+            return [_to_model(row) for row in connection.execute(query)]
 
     def transition(
         self,

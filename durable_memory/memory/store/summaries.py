@@ -7,6 +7,7 @@ the id of the last message it covers; the context shows the summary and the mess
 from datetime import UTC, datetime
 
 from sqlalchemy import Engine, UniqueConstraint
+from sqlalchemy import select as select_columns
 from sqlmodel import Field, Session, SQLModel, col, select
 
 
@@ -27,14 +28,17 @@ class SummaryStore:
 
     def latest(self, user_id: str) -> tuple[int, str] | None:
         """(id of the last message covered, summary text), or None."""
-        with Session(self.engine) as session:
-            row = session.exec(
-                select(ConversationSummaryRow)
-                .where(ConversationSummaryRow.user_id == user_id)
+        with self.engine.connect() as connection:  # a plain row: every turn asks
+            row = connection.execute(
+                select_columns(
+                    col(ConversationSummaryRow.through_message_id),
+                    col(ConversationSummaryRow.text),
+                )
+                .where(col(ConversationSummaryRow.user_id) == user_id)
                 .order_by(col(ConversationSummaryRow.through_message_id).desc())
                 .limit(1)
             ).first()
-            return (row.through_message_id, row.text) if row else None
+        return (row.through_message_id, row.text) if row else None
 
     def add(self, user_id: str, through_message_id: int, text: str) -> None:
         """Idempotent: a summary through the same message is stored once."""
