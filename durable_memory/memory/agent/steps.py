@@ -257,7 +257,9 @@ class TurnSteps:
     def prepare(self, turn: TurnInput) -> PreparedTurn:
         """Record the user's message and compile the context (summarising on overflow)."""
         sources = self.sources
-        sources.blocks.ensure_user(turn.user_id, turn.profile, fresh=bool(turn.fresh_user))
+        profile = sources.blocks.ensure_user_profile(
+            turn.user_id, turn.profile, fresh=bool(turn.fresh_user)
+        )
         # An approval recorded but not committed when a process died is finished first,
         # so no diff stays approved without its commit once the user is back.
         sources.review.finish_approvals(turn.user_id)
@@ -267,7 +269,6 @@ class TurnSteps:
             [NewMessage(role=MessageRole.USER, content=turn.message)],
             first_seq=TurnPositions.USER,
         )
-        profile = sources.blocks.profile(turn.user_id)
         context = turn_context(
             sources,
             self.archive,

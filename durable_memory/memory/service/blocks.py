@@ -83,18 +83,28 @@ class Blocks:
         A forgotten user is not made again (UserForgotten) unless `fresh`: a caller starting
         them afresh on purpose; nothing is made while their forget is under way.
         """
+        return self._ensure(user_id, profile, fresh)[0]
+
+    def ensure_user_profile(
+        self, user_id: str, profile: str | None = None, *, fresh: bool = False
+    ) -> AgentProfile:
+        """`ensure_user`, returning the profile the user has, read in the same transaction (a
+        turn's first step needs both: one lock and repair check instead of two)."""
+        return self._ensure(user_id, profile, fresh)[1]
+
+    def _ensure(self, user_id: str, profile: str | None, fresh: bool) -> tuple[str, AgentProfile]:
         validate_user_id(user_id)
         if profile is not None:
             self._access.profiles.get(profile)  # an unknown name is refused before anything
         if fresh:
             self._access.users.readmit(user_id)
         self._access.users.refuse_if_forgotten(user_id)
-        head = self._ensure_repository(user_id, profile)
+        head, chosen = self._ensure_repository(user_id, profile)
         self._access.users.register([user_id])  # after the repository exists
-        return head
+        return head, chosen
 
     @compare_and_set
-    def _ensure_repository(self, user_id: str, profile: str | None) -> str:
+    def _ensure_repository(self, user_id: str, profile: str | None) -> tuple[str, AgentProfile]:
         profiles = self._access.profiles
         with self._access.git.transaction(user_id, create=True) as tx:
             recorded = self._access.recorded_profile(tx)
@@ -108,7 +118,7 @@ class Blocks:
                 )
             missing = missing_blocks(tx, chosen)
             if not missing and recorded is not None and tx.head is not None:
-                return tx.head
+                return tx.head, chosen
             if tx.head is None:
                 summary = f"Create memory: {', '.join(missing)}"
             elif missing:
@@ -116,9 +126,10 @@ class Blocks:
             else:
                 summary = f"Record profile {name}"
             message = format_message(summary, trailers={"Profile": name})
-            return tx.commit(
+            head = tx.commit(
                 missing, message, SYSTEM_AUTHOR, allow_empty=True, profile=profile_record(name)
             )
+            return head, chosen
 
     def read_block(self, user_id: str, label: str) -> Block:
         return self._access.read_block(user_id, label)
