@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import sys
 import tempfile
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,7 @@ async def record() -> None:
                 (await rotation.fetch_history()).to_json(), encoding="utf-8"
             )
             await record_sweep(rig, "sweep.json")
+        await record_standing_approval(env.client, Path(tmp) / "standing", HERE / STANDING)
         await record_redaction(env.client, Path(tmp) / "redaction", HERE / "redaction.json")
     await env.shutdown()
 
@@ -110,6 +112,56 @@ async def record_sweep(rig: Rig, file_name: str) -> None:
     assert await sweep.result() == 1
     await rig.client.client.get_workflow_handle("rotation-alice-human").result()
     (HERE / file_name).write_text((await sweep.fetch_history()).to_json(), encoding="utf-8")
+
+
+STANDING = "turn_standing_approval.json"
+
+STANDING_SCRIPT: list[dict[str, Any]] = [
+    {
+        "content": [
+            {
+                "type": "tool_use",
+                "name": "edit_memory_block",
+                "input": {
+                    "label": "human",
+                    "operation": "add_context",
+                    "value": "Talked through the robotics competition " + "r" * 420,
+                    "reasoning": "r",
+                },
+            }
+        ]
+    },
+    {"text": "Noted."},
+]
+
+
+async def record_standing_approval(client: Client, tmp: Path, path: Path) -> None:
+    """A turn whose one edit a standing approval commits at once, on a block it fills past
+    its rotation threshold: the turn ends without waiting for a person."""
+    settings = rig_settings(tmp / "data")
+    async with running_rig(client, settings, STANDING_SCRIPT) as rig:
+        rig.stack.blocks.ensure_user("sam")
+        backend = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
+        for i in range(2):
+            rig.stack.edits.add_context("sam", f"note {i} " + "y" * 420, backend)
+        await rig.client.set_standing_approval(
+            "sam", "human", ["add_context"], "ms-rivera", datetime.now(UTC) + timedelta(days=30)
+        )
+        reply = await rig.client.send_message("sam", "we talked a lot", turn_id="s1")
+        turn = client.get_workflow_handle(reply.workflow_id)
+        await turn.result()
+        path.write_text((await turn.fetch_history()).to_json(), encoding="utf-8")
+
+
+async def record_standing_only(path: Path) -> None:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(temporal_binary()),
+        search_attributes=SEARCH_ATTRIBUTES,
+        data_converter=pydantic_data_converter,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        await record_standing_approval(env.client, Path(tmp), path)
+    await env.shutdown()
 
 
 @activity.defn(name="dmem.delete_redact_execution")
@@ -178,8 +230,10 @@ async def record_redaction_only(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    # `-m tests.record_histories redaction FILE`: the redaction's history alone, into FILE.
+    # `-m tests.record_histories redaction|standing FILE`: that history alone, into FILE.
     if sys.argv[1:2] == ["redaction"]:
         asyncio.run(record_redaction_only(Path(sys.argv[2])))
+    elif sys.argv[1:2] == ["standing"]:
+        asyncio.run(record_standing_only(Path(sys.argv[2])))
     else:
         asyncio.run(record())

@@ -23,6 +23,7 @@ from durable_memory.workflows.turn import (
     GIT_REMOTE_WAIT,
     LOCAL_TURN_STEPS,
     OPERATOR_SEARCH_ATTRIBUTES,
+    ROTATION_CHECK_AFTER_STANDING_APPROVALS,
     WORKER_TURN_SETTINGS,
 )
 
@@ -53,6 +54,8 @@ def test_there_are_histories_to_replay() -> None:
         "sweep_before_start_activity.json",
         "redaction.json",
         "redaction_before_waiting_for_writers.json",
+        "turn_standing_approval.json",
+        "turn_standing_approval_before_rotation_check.json",
     }
     here = HISTORIES[0].parent
     assert _patches(here / "turn_approve_reject_expire.json") == {
@@ -86,6 +89,12 @@ def test_there_are_histories_to_replay() -> None:
     assert _patches(here / "sweep_before_start_activity.json") == {WORKER_ROTATION_SETTINGS}
     assert _patches(here / "redaction.json") == {WAIT_FOR_WRITERS}
     assert _patches(here / "redaction_before_waiting_for_writers.json") == set()
+    standing_before = {OPERATOR_SEARCH_ATTRIBUTES, WORKER_TURN_SETTINGS, LOCAL_TURN_STEPS}
+    assert _patches(here / "turn_standing_approval_before_rotation_check.json") == standing_before
+    assert _patches(here / "turn_standing_approval.json") == {
+        *standing_before,
+        ROTATION_CHECK_AFTER_STANDING_APPROVALS,
+    }
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)

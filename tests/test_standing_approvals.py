@@ -31,7 +31,9 @@ from durable_memory.memory.core.policies import (
     parse_expiry,
 )
 from durable_memory.models.diffs import DiffStatus, PendingDiff, Proposer
+from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.operations import AddContext, AppendText, EditOperation, LearnFact
+from durable_memory.models.turn import RotationOutcome
 from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workflows.turn import TurnWorkflow
 from tests.support.agent_helpers import edit_block, git_status, run_scripted_turn, tool_results
@@ -43,6 +45,7 @@ from tests.support.temporal_helpers import (
     rig_settings,
     running_rig,
     turn_outcome,
+    workflow_result,
 )
 from tests.support.worker_process import address, crash_settings, worker_process
 from tests.test_memory_tool import NOTES, NOTES_MARKDOWN, claude_profile, memory_call
@@ -289,6 +292,46 @@ async def test_a_turn_commits_an_edit_a_standing_approval_covers(
         assert approved.standing_approval == policy.id
         assert approved.commit_sha is not None
         assert await handle.query(TurnWorkflow.status) == "done"
+
+
+async def test_a_block_a_standing_approval_fills_is_rotated_after_the_reply(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """Nobody decides an edit a standing approval covers, so the turn checks its block for
+    rotation itself, as after a person's approval: the block does not stay over its limit
+    until the next scheduled sweep. A block no edit of the turn touched is not checked."""
+    long_note = "Talked through the robotics competition " + "r" * 420
+    script: list[dict[str, Any]] = [
+        {"content": [edit_block("human", operation="add_context", value=long_note)]},
+        {"text": "Noted."},
+    ]
+    async with running_rig(temporal_env.client, rig_settings(tmp_path / "data"), script) as rig:
+        rig.stack.blocks.ensure_user("sam")
+        backend = Author(name="tutor-backend", kind=AuthorKind.SERVICE)
+        for i in range(2):
+            rig.stack.edits.add_context("sam", f"note {i} " + "y" * 420, backend)
+        await rig.client.set_standing_approval(
+            "sam", "human", ["add_context"], TEACHER, datetime.now(UTC) + IN_A_MONTH
+        )
+        sent_at = datetime.now(UTC)
+        reply = await rig.client.send_message("sam", "we talked a lot", turn_id="s1")
+        [diff] = reply.diffs
+        assert diff.status is DiffStatus.APPROVED  # committed at once, nobody waits on it
+        rotated = await workflow_result(
+            rig.client, "rotation-sam-human", RotationOutcome, started_after=sent_at
+        )
+        assert rotated.rotated
+        assert "Talked through the robotics competition" in " ".join(
+            p.text for p in rig.stack.archive.page("sam")
+        )
+        assert (await turn_outcome(rig.client, "sam", "s1")).status == "done"
+        history = await temporal_env.client.get_workflow_handle(reply.workflow_id).fetch_history()
+        checked = [
+            e.activity_task_scheduled_event_attributes.activity_type.name
+            for e in history.events
+            if e.HasField("activity_task_scheduled_event_attributes")
+        ]
+        assert checked.count("dmem.needs_rotation") == 1  # the one block it changed
 
 
 async def test_a_worker_killed_mid_commit_of_a_standing_approval_commits_it_once(

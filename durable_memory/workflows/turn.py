@@ -144,6 +144,12 @@ docs/temporal.md ("Local steps"). A turn that proposed no diff and did not stop 
 limit has nothing to finish and skips finish_turn. Turns started before the patch schedule
 every step as a regular activity."""
 
+ROTATION_CHECK_AFTER_STANDING_APPROVALS = "rotation-check-after-standing-approvals"
+"""Patch: a block that a standing approval changed during the turn is checked for rotation
+(and its rotation started) as one a person approves is, right after the reply; turns before it
+left such a block to the next scheduled sweep. Histories without a standing approval take no
+marker: the check is asked only when one applied."""
+
 MIN_TIMER = timedelta(milliseconds=1)
 
 RECENT_REJECTIONS = 10
@@ -239,6 +245,7 @@ class TurnWorkflow:
                     diff_id=diff.id, status=diff.status, label=diff.label
                 )
         self._show_details()
+        await self._rotate_after_standing_approvals(turn, finished.diffs)
         if self._open:
             await self._await_decisions(turn)
         self._close_decisions()
@@ -551,6 +558,17 @@ class TurnWorkflow:
         """Take no more decisions; answer every queued one with the truth."""
         for queued in self._decisions.close():
             self._answer(queued, self._not_open(queued.decision))
+
+    async def _rotate_after_standing_approvals(
+        self, turn: TurnInput, diffs: list[ProposedDiff]
+    ) -> None:
+        """The blocks that standing approvals committed to during the turn, checked for
+        rotation like a person's approval (see the patch): an edit nobody waits on must not
+        leave its block over its limit until the next sweep."""
+        labels = sorted({d.label for d in diffs if d.status is DiffStatus.APPROVED and d.label})
+        if labels and workflow.patched(ROTATION_CHECK_AFTER_STANDING_APPROVALS):
+            for label in labels:
+                await self._maybe_rotate(turn, label)
 
     async def _maybe_rotate(self, turn: TurnInput, label: str) -> None:
         candidate = RotationCandidate(user_id=turn.user_id, label=label)
