@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import sys
 import tempfile
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -153,17 +154,6 @@ async def record_standing_approval(client: Client, tmp: Path, path: Path) -> Non
         path.write_text((await turn.fetch_history()).to_json(), encoding="utf-8")
 
 
-async def record_standing_only(path: Path) -> None:
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(temporal_binary()),
-        search_attributes=SEARCH_ATTRIBUTES,
-        data_converter=pydantic_data_converter,
-    )
-    with tempfile.TemporaryDirectory() as tmp:
-        await record_standing_approval(env.client, Path(tmp), path)
-    await env.shutdown()
-
-
 @activity.defn(name="dmem.delete_redact_execution")
 async def _kept_execution() -> None:
     """Stands in for the redaction's last step, which deletes its execution (and so the
@@ -218,22 +208,26 @@ async def record_redaction(client: Client, tmp: Path, path: Path) -> None:
     stack.close()
 
 
-async def record_redaction_only(path: Path) -> None:
+Recorder = Callable[[Client, Path, Path], Awaitable[None]]
+
+ALONE: dict[str, Recorder] = {"redaction": record_redaction, "standing": record_standing_approval}
+"""The histories that can be recorded alone (`-m tests.record_histories NAME FILE`)."""
+
+
+async def record_alone(recorder: Recorder, path: Path) -> None:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(temporal_binary()),
         search_attributes=SEARCH_ATTRIBUTES,
         data_converter=pydantic_data_converter,
     )
     with tempfile.TemporaryDirectory() as tmp:
-        await record_redaction(env.client, Path(tmp), path)
+        await recorder(env.client, Path(tmp), path)
     await env.shutdown()
 
 
 if __name__ == "__main__":
     # `-m tests.record_histories redaction|standing FILE`: that history alone, into FILE.
-    if sys.argv[1:2] == ["redaction"]:
-        asyncio.run(record_redaction_only(Path(sys.argv[2])))
-    elif sys.argv[1:2] == ["standing"]:
-        asyncio.run(record_standing_only(Path(sys.argv[2])))
+    if len(sys.argv) == 3 and sys.argv[1] in ALONE:
+        asyncio.run(record_alone(ALONE[sys.argv[1]], Path(sys.argv[2])))
     else:
         asyncio.run(record())
