@@ -11,7 +11,7 @@ from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError
-from temporalio.worker import Worker
+from temporalio.worker import Worker, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from durable_memory.activities.forget import ForgetActivities
@@ -44,8 +44,14 @@ because our workflow modules hold no mutable state at module level (constants on
 run's state is on its instance) and everything else of ours they use was already passed
 through (`imports_passed_through`). The sandbox's restrictions on calls (builtins such as
 `open`) still apply at run time; the module-member checks (`datetime.now`, `random`, ...)
-apply to our workflow code where the recorded histories replay in the default sandbox
-(tests/test_replay.py). docs/temporal.md ("The sandbox")."""
+apply to our workflow code in the tests, which run it in the default sandbox
+(`STRICT_WORKFLOW_RUNNER`). docs/temporal.md ("The sandbox")."""
+
+STRICT_WORKFLOW_RUNNER = SandboxedWorkflowRunner()
+"""The default sandbox, every module imported afresh in each run and every module-member check
+on: what the test rigs run our workflows in (tests/support/temporal_helpers.py), so a
+non-deterministic call added to a workflow fails the tests that reach it, not only the
+recorded histories' replay."""
 
 
 def activities_for(
@@ -94,9 +100,12 @@ def build_worker(
     stack: MemoryStack,
     model: ChatModel,
     executor: concurrent.futures.ThreadPoolExecutor,
+    workflow_runner: WorkflowRunner = WORKFLOW_RUNNER,
 ) -> Worker:
     """A worker on `settings.temporal.task_queue` whose turns run with `settings`' turn
-    settings (step limit, approval TTL, activity timeouts and retries)."""
+    settings (step limit, approval TTL, activity timeouts and retries). The in-process test
+    rigs pass the default sandbox (`STRICT_WORKFLOW_RUNNER`), whose checks then cover every
+    path the tests drive through our workflow code."""
     return Worker(
         client,
         task_queue=settings.temporal.task_queue,
@@ -104,7 +113,7 @@ def build_worker(
         activities=activities_for(stack, model, settings, client),
         activity_executor=executor,
         max_concurrent_activities=ACTIVITY_THREADS,
-        workflow_runner=WORKFLOW_RUNNER,
+        workflow_runner=workflow_runner,
     )
 
 

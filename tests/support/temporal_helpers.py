@@ -32,7 +32,11 @@ from durable_memory.memory.agent.llm import AnthropicModel
 from durable_memory.models.turn import TurnOutcome, turn_workflow_id
 from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workers.dev_server import DEV_SERVER_STARTUP
-from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker
+from durable_memory.workers.worker import (
+    ACTIVITY_THREADS,
+    STRICT_WORKFLOW_RUNNER,
+    build_worker,
+)
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
 from durable_memory.workflows.turn_boundary import TURN_WORKFLOW
 
@@ -115,7 +119,7 @@ async def running_rig(
         concurrent.futures.ThreadPoolExecutor(ACTIVITY_THREADS) as pool,
     ):
         model = AnthropicModel(base_url=server.url)
-        worker = build_worker(client, settings, stack, model, pool)
+        worker = build_worker(client, settings, stack, model, pool, STRICT_WORKFLOW_RUNNER)
         try:
             async with worker:
                 yield Rig(MemoryClient(client, settings, stack), stack, server, settings)
