@@ -218,8 +218,7 @@ async def _deletion_floor(client: MemoryClient, user: str) -> dict[str, float]:
     as the forget finds them) deleted and visibility listed every 200 ms until it lists none,
     as `dmem.delete_user_workflows` does, from this process."""
     executions = [
-        (w.id, w.run_id)
-        async for w in client.client.list_workflows(user_workflows_query(user))
+        (w.id, w.run_id) async for w in client.client.list_workflows(user_workflows_query(user))
     ]
     t = time.perf_counter()
     for workflow_id, run_id in executions:
@@ -232,7 +231,11 @@ async def _deletion_floor(client: MemoryClient, user: str) -> dict[str, float]:
         f"  deleting {len(executions)} executions of {user} alone: the calls {deleted:.0f} ms, "
         f"until visibility lists none {listed_empty:.0f} ms"
     )
-    return {"executions": len(executions), "delete_calls_ms": deleted, "until_unlisted_ms": listed_empty}
+    return {
+        "executions": len(executions),
+        "delete_calls_ms": deleted,
+        "until_unlisted_ms": listed_empty,
+    }
 
 
 async def _redact(client: MemoryClient, stack: MemoryStack, user: str, scratch: Path) -> Any:
