@@ -25,7 +25,12 @@ The floor of the rewrite, on a copy of the same repository taken just before the
 `git fast-export main | sed 's/TEXT/[redacted]/g' | git fast-import --force`, then the same
 purge as ours (the index and work tree reset to the new main, reflogs expired, `gc
 --prune=now`). The text is as long as `[redacted]`, so the stream's `data <length>` headers
-stay right under sed. A forget has no floor: the figures name each step's share.
+stay right under sed. A forget has no floor: the figures name each step's share. Its deletion step is set beside
+the server's part of it alone (`_deletion_floor`: the same executions deleted and visibility
+listed until it lists none, from this process), measured once before the forgets (the first
+deletion after the dev server starts, which waits far longer) and once after. The client's
+check before a redaction starts (`preflight`, read-only) is timed alone too: it is part of the
+redaction's `between steps`.
 """
 
 import argparse
@@ -51,10 +56,11 @@ from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.client import MemoryClient
 from durable_memory.memory.archive.embedders import default_embedder
 from durable_memory.memory.archive.sqlite import SqliteArchive
+from durable_memory.memory.service.redaction import Redactions, redaction_id
 from durable_memory.memory.store.redaction.history import REDACTED
 from durable_memory.models.archive import NewPassage, PassageSource
 from durable_memory.models.diffs import Proposer
-from durable_memory.models.history import redact_workflow_id
+from durable_memory.models.history import RedactInput, redact_workflow_id
 from durable_memory.models.operations import SetField
 from durable_memory.models.recall import MessageRole, NewMessage
 from durable_memory.models.turn import forget_workflow_id
@@ -68,6 +74,7 @@ assert len(SECRET) == len(REDACTED)
 LABEL = "student"
 REVIEWER = "ms-rivera"
 DPO = "dpo@school.example"
+REASON = "address approved by mistake"
 
 
 def _populate(stack: MemoryStack, archive: SqliteArchive, user: str, commits: int) -> None:
@@ -238,15 +245,32 @@ async def _deletion_floor(client: MemoryClient, user: str) -> dict[str, float]:
     }
 
 
+def _preflight_ms(stack: MemoryStack, user: str) -> float:
+    """The client's check before it starts a redaction (`Redactions.preflight`, read-only),
+    alone: part of `between steps`."""
+    request = RedactInput(
+        user_id=user,
+        label=LABEL,
+        text=SECRET,
+        requested_by=DPO,
+        reason=REASON,
+        redaction_id=redaction_id(user, LABEL, SECRET),
+    )
+    t = time.perf_counter()
+    Redactions(stack.blocks, stack.git, stack.engine).preflight(request)
+    return (time.perf_counter() - t) * 1000
+
+
 async def _redact(client: MemoryClient, stack: MemoryStack, user: str, scratch: Path) -> Any:
     repository = stack.git.repo_path(user)
     copy = scratch / f"floor-{user}"
     shutil.copytree(repository, copy, symlinks=True)
     commits = int(_git(repository, "rev-list", "--count", "main"))
+    preflight = await asyncio.to_thread(_preflight_ms, stack, user)
     ours = await _timed(
         client,
         redact_workflow_id(user),
-        client.redact(user, LABEL, SECRET, requested_by=DPO, reason="address approved by mistake"),
+        client.redact(user, LABEL, SECRET, requested_by=DPO, reason=REASON),
         f"redact {user} ({commits} commits)",
     )
     floor = await asyncio.to_thread(_floor_rewrite, copy)
@@ -261,7 +285,8 @@ async def _redact(client: MemoryClient, stack: MemoryStack, user: str, scratch: 
         f"{ratios['repository_step_vs_floor']:.2f}x, end to end "
         f"{ratios['end_to_end_vs_floor']:.2f}x"
     )
-    return ours | {"commits": commits, "floor": floor} | ratios
+    print(f"    of its between steps: the client's check before it starts {preflight:.0f} ms")
+    return ours | {"commits": commits, "preflight_ms": preflight, "floor": floor} | ratios
 
 
 async def main_async(sizes: list[int], turns: int, out: Path | None) -> None:
@@ -279,7 +304,8 @@ async def main_async(sizes: list[int], turns: int, out: Path | None) -> None:
         for size in sizes:
             for kind in ("forget", "redact"):
                 await asyncio.to_thread(_populate, stack, archive, f"{kind}{size}", size)
-        await asyncio.to_thread(_populate, stack, archive, "probe", 1)
+        for probe in ("probe", "probe2"):
+            await asyncio.to_thread(_populate, stack, archive, probe, 1)
         archive.close()
         print(f"users populated in {time.perf_counter() - t:.0f}s")
         env = await start_dev_server(settings)
@@ -287,16 +313,19 @@ async def main_async(sizes: list[int], turns: int, out: Path | None) -> None:
         client = MemoryClient(env.client, settings, stack)
         try:
             users = [f"{kind}{size}" for size in sizes for kind in ("forget", "redact")]
-            for user in [*users, "probe"]:
+            for user in [*users, "probe", "probe2"]:
                 for n in range(turns):
                     await client.send_message(user, f"hello {n}")
             results["load_average_at_start"] = os.getloadavg()
+            # The first deletion of closed executions after the server starts waits for the
+            # server far longer than later ones: measured alone, before the forgets.
+            results["deletion_floor_first"] = await _deletion_floor(client, "probe")
             for size in sizes:
                 results["users"][str(size)] = {
                     "redact": await _redact(client, stack, f"redact{size}", Path(tmp)),
                     "forget": await _forget(client, f"forget{size}"),
                 }
-            results["deletion_floor"] = await _deletion_floor(client, "probe")
+            results["deletion_floor"] = await _deletion_floor(client, "probe2")
             results["load_average_at_end"] = os.getloadavg()
         finally:
             stop_worker(worker)
