@@ -25,8 +25,10 @@ The floor of the rewrite, on a copy of the same repository taken just before the
 `git fast-export main | sed 's/TEXT/[redacted]/g' | git fast-import --force`, then the same
 purge as ours (the index and work tree reset to the new main, reflogs expired, `gc
 --prune=now`). The text is as long as `[redacted]`, so the stream's `data <length>` headers
-stay right under sed. A forget has no floor: the figures name each step's share. Its deletion step is set beside
-the server's part of it alone (`_deletion_floor`: the same executions deleted and visibility
+stay right under sed. The floor runs on three copies and its best run counts.
+
+A forget has no floor: the figures name each step's share. Its deletion step is set beside the
+server's part of it alone (`_deletion_floor`: the same executions deleted and visibility
 listed until it lists none, from this process), measured once before the forgets (the first
 deletion after the dev server starts, which waits far longer) and once after. The client's
 check before a redaction starts (`preflight`, read-only) is timed alone too: it is part of the
@@ -75,6 +77,9 @@ LABEL = "student"
 REVIEWER = "ms-rivera"
 DPO = "dpo@school.example"
 REASON = "address approved by mistake"
+FLOOR_RUNS = 3
+"""The floor's rewrite runs on this many copies; its best run is the floor (its purge's gc
+varies several-fold from run to run on this machine)."""
 
 
 def _populate(stack: MemoryStack, archive: SqliteArchive, user: str, commits: int) -> None:
@@ -263,8 +268,9 @@ def _preflight_ms(stack: MemoryStack, user: str) -> float:
 
 async def _redact(client: MemoryClient, stack: MemoryStack, user: str, scratch: Path) -> Any:
     repository = stack.git.repo_path(user)
-    copy = scratch / f"floor-{user}"
-    shutil.copytree(repository, copy, symlinks=True)
+    copies = [scratch / f"floor-{user}-{n}" for n in range(FLOOR_RUNS)]
+    for copy in copies:
+        shutil.copytree(repository, copy, symlinks=True)
     commits = int(_git(repository, "rev-list", "--count", "main"))
     preflight = await asyncio.to_thread(_preflight_ms, stack, user)
     ours = await _timed(
@@ -273,7 +279,8 @@ async def _redact(client: MemoryClient, stack: MemoryStack, user: str, scratch: 
         client.redact(user, LABEL, SECRET, requested_by=DPO, reason=REASON),
         f"redact {user} ({commits} commits)",
     )
-    floor = await asyncio.to_thread(_floor_rewrite, copy)
+    runs = [await asyncio.to_thread(_floor_rewrite, copy) for copy in copies]
+    floor: dict[str, Any] = {**min(runs, key=lambda run: run["total_ms"]), "runs": runs}
     rewrite = next(ms for name, ms in ours["steps_ms"].items() if "rewrite" in name)
     ratios = {
         "repository_step_vs_floor": rewrite / floor["total_ms"],
