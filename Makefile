@@ -51,6 +51,7 @@ bench: $(STAMP)
 	pg_virtualenv -t -o max_connections=200 \
 		$(BIN)/python -m bench.distributed --out bench/results/distributed.json
 	$(BIN)/python -m bench.prompt_cache --out bench/results/prompt_cache.json
+	$(BIN)/python -m bench.governance --out bench/results/governance.json
 	$(BIN)/python -m bench.plots
 
 clean:
