@@ -48,6 +48,9 @@ class MemorySettings(BaseModel):
     and the archive shared (postgres or weaviate)."""
     git_token_file: Path | None = None
     """A file whose first line is the git server's token (default: $DMEM_GIT_TOKEN)."""
+    forgotten_clone_sweep_s: float = Field(default=60.0, gt=0, le=86_400)
+    """Distributed mode: how often each worker deletes its clones of users a forget closed
+    (the forget deletes the remote and only its own host's clone)."""
     vector_cache_mib: int | None = Field(default=None, ge=1)
     """The embedded archive's vectors kept in memory across users, least recently searched
     out first; default: the archive's own bound, 64 MiB (memory/archive/vector_cache.py)."""

@@ -40,6 +40,7 @@ from durable_memory.models.operations import LearnFact, SetField
 from durable_memory.models.recall import MessageRole, NewMessage
 from durable_memory.models.turn import ForgetStore, StepInput, TurnInput, turn_workflow_id
 from durable_memory.scripted_model import ScriptedModelServer
+from durable_memory.workers.worker import drop_forgotten_clones_until
 from tests.support.agent_helpers import edit_block, tool_use
 from tests.support.distributed import (
     GIT_TOKEN,
@@ -233,6 +234,49 @@ def test_another_hosts_clone_keeps_nothing_once_it_meets_the_forgotten_user(
         assert not clone.exists() or CANARY.encode() not in all_git_objects(clone)
         there.blocks.ensure_user("alice")  # a new user of that id starts empty
         assert CANARY.encode() not in all_git_objects(clone)
+
+
+@pytest.mark.parametrize("served", [False, True], ids=["file", "git-serve"])
+def test_every_hosts_clone_of_a_forgotten_user_is_dropped_by_its_own_sweep(
+    tmp_path: Path, served: bool
+) -> None:
+    """The forget's repository step runs on one host; the other host's clone of the user is
+    deleted by that host's periodic sweep (workers/worker.py), found through the shared
+    erasure ledger, without anything of another user's clone changing."""
+    shared_db = f"sqlite:///{tmp_path / 'shared.db'}"
+    with two_hosts(tmp_path, served, shared_db) as (here, there):
+        plant(here, "alice")
+        here.blocks.ensure_user("bob")
+        for user in ("alice", "bob"):
+            there.blocks.read_block(user, "student")  # the other host clones both
+        clones = tmp_path / "there" / "clones"
+        bob = tree_bytes(clones / "bob")
+        assert there.blocks.drop_forgotten_clones() == []  # nobody is forgotten yet
+        here.erasures.begin("alice", "dpo@school", "asked")
+        forget_every_store(here, "alice")
+        here.erasures.complete("alice")
+        assert CANARY.encode() in all_git_objects(clones / "alice")  # out of the forget's reach
+        assert there.blocks.drop_forgotten_clones() == ["alice"]
+        assert not (clones / "alice").exists()
+        assert tree_bytes(clones / "bob") == bob
+        assert there.blocks.drop_forgotten_clones() == []  # idempotent
+
+
+async def test_a_worker_sweeps_its_clones_of_forgotten_users_until_stopped(tmp_path: Path) -> None:
+    with two_hosts(tmp_path, False, f"sqlite:///{tmp_path / 'shared.db'}") as (here, there):
+        plant(here, "alice")
+        there.blocks.read_block("alice", "student")
+        clone = tmp_path / "there" / "clones" / "alice"
+        stop = asyncio.Event()
+        sweeping = asyncio.create_task(drop_forgotten_clones_until(stop, there, 0.05))
+        here.erasures.begin("alice", "dpo@school", "asked")  # a forget under way closes her
+        for _ in range(600):
+            if not clone.exists():
+                break
+            await asyncio.sleep(0.05)
+        assert not clone.exists()
+        stop.set()
+        await asyncio.wait_for(sweeping, 30)
 
 
 def test_a_kill_after_the_rename_is_finished_by_the_next_attempt(tmp_path: Path) -> None:

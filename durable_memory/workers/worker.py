@@ -2,6 +2,7 @@
 
 import asyncio
 import concurrent.futures
+import contextlib
 import gc
 import logging
 from collections.abc import Sequence
@@ -34,6 +35,8 @@ WORKFLOWS: Sequence[type] = (
     ForgetWorkflow,
     RedactWorkflow,
 )
+log = logging.getLogger(__name__)
+
 ACTIVITY_THREADS = 16
 WORKFLOW_RUNNER = SandboxedWorkflowRunner(
     restrictions=SandboxRestrictions.default.with_passthrough_modules("durable_memory")
@@ -165,5 +168,28 @@ async def run_worker(
         worker = build_worker(client, settings, stack, model, executor)
         freeze_startup_objects()
         async with worker:
-            await stop.wait()
+            if settings.memory.git_remote is None:
+                await stop.wait()
+            else:
+                await drop_forgotten_clones_until(
+                    stop, stack, settings.memory.forgotten_clone_sweep_s
+                )
     stack.close()
+
+
+async def drop_forgotten_clones_until(
+    stop: asyncio.Event, stack: MemoryStack, every_s: float
+) -> None:
+    """Until `stop`: at start and every `every_s`, delete this host's clones of users a forget
+    closed (a forget reaches only the clone of the host that ran its step). A failure (the
+    database down) is logged and tried again at the next round."""
+    while not stop.is_set():
+        try:
+            dropped = await asyncio.to_thread(stack.blocks.drop_forgotten_clones)
+        except Exception as error:  # any failure: the next round tries again
+            log.warning("dropping the clones of forgotten users failed: %s", error)
+        else:
+            if dropped:
+                log.info("dropped this host's clones of %d forgotten user(s)", len(dropped))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every_s)

@@ -82,10 +82,13 @@ def remote_log(bare: Path, *args: str) -> str:
 
 
 @contextmanager
-def two_hosts(root: Path, served: bool) -> Iterator[tuple[MemoryStack, MemoryStack]]:
+def two_hosts(
+    root: Path, served: bool, database_url: str | None = None
+) -> Iterator[tuple[MemoryStack, MemoryStack]]:
     """Two hosts' stacks (data dirs `root/here` and `root/there`, essay_coach, embedded
-    stores) on one git remote: the bare repositories in `root/shared`, reached as `file://`
-    or, when `served`, through `dmem git-serve` over that directory."""
+    stores, or the one database at `database_url` if given) on one git remote: the bare
+    repositories in `root/shared`, reached as `file://` or, when `served`, through `dmem
+    git-serve` over that directory."""
     with ExitStack() as cleanup:
         shared = root / "shared"
         remote = cleanup.enter_context(git_server(shared)).url if served else f"file://{shared}"
@@ -93,7 +96,11 @@ def two_hosts(root: Path, served: bool) -> Iterator[tuple[MemoryStack, MemorySta
             cleanup.enter_context(
                 closing(
                     open_stack(
-                        root / host, profile="essay_coach", git_remote=remote, git_token=GIT_TOKEN
+                        root / host,
+                        database_url,
+                        profile="essay_coach",
+                        git_remote=remote,
+                        git_token=GIT_TOKEN,
                     )
                 )
             )

@@ -64,6 +64,11 @@ class Blocks:
         store/users.py), not this host's disk."""
         return self._access.users.users()
 
+    def drop_forgotten_clones(self) -> list[str]:
+        """Delete this host's cached clones of users a forget closed (distributed mode: the
+        forget itself reaches only its own host's clone); the users dropped."""
+        return self._access.git.drop_clones(self._access.users.closed_among)
+
     def register_local_users(self) -> int:
         """Register the users whose repositories are on this host's disk (a deployment from
         before the list; idempotent); returns how many were found."""

@@ -95,6 +95,11 @@ class BlockRepository(Protocol):
 
     def users(self) -> list[str]: ...
 
+    def drop_clones(self, closed: Callable[[list[str]], list[str]]) -> list[str]:
+        """Delete this host's cached clones of the users `closed` picks among those it holds
+        (none where the repositories are the memory itself); the users dropped."""
+        ...
+
     def pinned(self) -> AbstractContextManager[None]:
         """Within it (on this thread), each user's memory is synchronised with its source of
         truth once; later reads see it as it was then. For the reads of one activity."""

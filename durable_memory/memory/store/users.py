@@ -81,10 +81,14 @@ class UserDirectory:
         sweep starts nothing for them."""
         with Session(self.engine) as session:
             listed = session.exec(select(UserRow.user_id).order_by(col(UserRow.user_id))).all()
+        closed = set(self.closed_among(listed))
+        return [user_id for user_id in listed if user_id not in closed]
+
+    def closed_among(self, user_ids: Sequence[str]) -> list[str]:
+        """Those of `user_ids` closed to memory (being forgotten, or forgotten and not started
+        afresh), from one query of the erasure ledger."""
         closed = ErasureLedger(self.engine).closed_user_hashes()
-        if not closed:
-            return list(listed)
-        return [user_id for user_id in listed if user_hash(user_id) not in closed]
+        return [user_id for user_id in user_ids if closed and user_hash(user_id) in closed]
 
 
 # -- payload keys (durable_memory/codec/) ---------------------------------------------------

@@ -197,6 +197,17 @@ class RemoteGitBlockStore(GitBlockStore):
             removed = self._delete_on_server(user_id)
         return int(removed) + super().forget_user(user_id)
 
+    def drop_clones(self, closed: Callable[[list[str]], list[str]]) -> list[str]:
+        """Delete this host's clones of the users `closed` picks among those it holds: a
+        forget's own step reaches only the clone of the host that ran it, so every worker
+        runs this now and then (workers/worker.py). Each under its user's lock, so no
+        transaction of this host is mid-way in it; the users dropped."""
+        dropped = []
+        for user_id in closed(super().users()):  # the clones on this host's disk
+            if super().forget_user(user_id):
+                dropped.append(user_id)
+        return dropped
+
     def _delete_on_server(self, user_id: str) -> bool:
         request = urllib.request.Request(self.remote_url(user_id), method="DELETE")
         if self._token is not None:

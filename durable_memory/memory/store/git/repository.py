@@ -9,7 +9,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import git
@@ -81,6 +81,11 @@ class GitBlockStore:
             except DurableMemoryError as error:  # an invalid name or an unsafe directory
                 log.warning("skipping users/%s: %s", name, error)
         return found
+
+    def drop_clones(self, closed: Callable[[list[str]], list[str]]) -> list[str]:  # noqa: ARG002
+        """Nothing: this host's repositories are the users' memory, not clones of it (a
+        forget deletes them in its own step)."""
+        return []
 
     def _create(self, user_id: str) -> None:
         """`git init` in a directory beside the user's, then rename it into place: no process
