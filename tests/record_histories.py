@@ -34,23 +34,14 @@ from durable_memory.workers.worker import ACTIVITY_THREADS, WORKFLOWS, activitie
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
 from durable_memory.workflows.redact import RedactWorkflow
 from durable_memory.workflows.rotation import RotationSweepWorkflow
+from tests.support.agent_helpers import edit_block
 from tests.support.temporal_helpers import Rig, rig_settings, running_rig
 
 HERE = Path(__file__).parent / "histories"
 
 
 def _edit(label: str, field: str, value: str) -> dict[str, Any]:
-    return {
-        "type": "tool_use",
-        "name": "edit_memory_block",
-        "input": {
-            "label": label,
-            "field": field,
-            "operation": "set",
-            "value": value,
-            "reasoning": "r",
-        },
-    }
+    return edit_block(label, field=field, operation="set", value=value)
 
 
 SCRIPT: list[dict[str, Any]] = [
@@ -120,16 +111,11 @@ STANDING = "turn_standing_approval.json"
 STANDING_SCRIPT: list[dict[str, Any]] = [
     {
         "content": [
-            {
-                "type": "tool_use",
-                "name": "edit_memory_block",
-                "input": {
-                    "label": "human",
-                    "operation": "add_context",
-                    "value": "Talked through the robotics competition " + "r" * 420,
-                    "reasoning": "r",
-                },
-            }
+            edit_block(
+                "human",
+                operation="add_context",
+                value="Talked through the robotics competition " + "r" * 420,
+            )
         ]
     },
     {"text": "Noted."},
