@@ -419,16 +419,23 @@ def cmd_rotate(args: argparse.Namespace) -> None:
     _emit(args, results, text or "no block is over its rotation threshold")
 
 
-def cmd_forget(args: argparse.Namespace) -> None:
+def _confirmed_erasure(args: argparse.Namespace, needs_reason: str, consequence: str) -> None:
+    """The guard of a command that destroys for good (forget, redact): a valid user and
+    author, a reason, and --yes; refused before anything is asked of any store."""
     validate_user_id(args.user)
     validate_author_name(args.as_name)
     if not args.reason.strip():
-        raise UsageError("forgetting a user needs a reason")
+        raise UsageError(needs_reason)
     if not args.yes:
-        raise UsageError(
-            f"this deletes everything of user '{args.user}' everywhere, for good: "
-            "add --yes to confirm"
-        )
+        raise UsageError(f"{consequence}: add --yes to confirm")
+
+
+def cmd_forget(args: argparse.Namespace) -> None:
+    _confirmed_erasure(
+        args,
+        "forgetting a user needs a reason",
+        f"this deletes everything of user '{args.user}' everywhere, for good",
+    )
     _progress(f"forgetting user '{args.user}' ...")
     record = _with_client(args, lambda c: c.forget_user(args.user, args.as_name, args.reason))
     _emit(
@@ -440,16 +447,12 @@ def cmd_forget(args: argparse.Namespace) -> None:
 
 
 def cmd_redact(args: argparse.Namespace) -> None:
-    validate_user_id(args.user)
-    validate_author_name(args.as_name)
-    if not args.reason.strip():
-        raise UsageError("redacting a text needs a reason")
-    if not args.yes:
-        raise UsageError(
-            f"this rewrites the history of block '{args.block}' of user '{args.user}' (every "
-            "commit id changes) and removes the text from every store, for good: add --yes to "
-            "confirm"
-        )
+    _confirmed_erasure(
+        args,
+        "redacting a text needs a reason",
+        f"this rewrites the history of block '{args.block}' of user '{args.user}' (every "
+        "commit id changes) and removes the text from every store, for good",
+    )
     _progress(f"redacting a text from block '{args.block}' of user '{args.user}' ...")
     record = _with_client(
         args,
