@@ -178,6 +178,11 @@ class RotationScheduleSettings(BaseModel):
 
     schedule_id: str = "durable-memory-rotation-sweep"
     interval_s: float = Field(default=3600, ge=10)
+    manage_schedule: bool = True
+    """Whether `dmem worker` / `dmem dev` create (or update) the Schedule when they start.
+    False for a worker that must not touch it: a deployment that manages the Schedule
+    elsewhere, or a test rig whose workers share one Temporal server (the Schedule fires at
+    the top of every hour, Temporal aligning intervals to the epoch)."""
 
 
 REVIEW_SECRET_ENV = "DMEM_REVIEW_SECRET"

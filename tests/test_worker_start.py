@@ -1,20 +1,29 @@
 """A worker refuses to start against a namespace that lacks one of the turn's search attributes:
 every turn would upsert it, fail its workflow task and retry forever without answering. The
-error names each missing attribute and the one command that registers them."""
+error names each missing attribute and the one command that registers them. A worker makes
+the rotation sweep's Schedule unless its configuration leaves it to others."""
 
+import uuid
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.client import ScheduleActionStartWorkflow
 from temporalio.common import SearchAttributeKey
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.config import ConfigError
+from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workers.dev_server import DEV_SERVER_ARGS, DEV_SERVER_STARTUP, temporal_binary
 from durable_memory.workers.worker import require_search_attributes
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
+from tests.support.temporal_helpers import rig_settings
+from tests.support.worker_process import address, spawn_worker, stop_worker
 
 
 async def test_a_worker_refuses_a_namespace_without_its_search_attributes() -> None:
@@ -51,3 +60,30 @@ async def test_a_worker_refuses_a_namespace_without_its_search_attributes() -> N
         await require_search_attributes(client, namespace)  # all there: starts
     finally:
         await env.shutdown()
+
+
+@pytest.mark.parametrize("manage", [True, False])
+async def test_a_worker_makes_the_rotation_schedule_unless_told_to_leave_it(
+    temporal_env: WorkflowEnvironment, tmp_path: Path, manage: bool
+) -> None:
+    """A real `dmem worker`: by default it creates the sweep's Schedule on its task queue;
+    with `rotation.manage_schedule: false` it leaves the server without one."""
+    settings = rig_settings(tmp_path / "data")
+    rotation = settings.rotation.model_copy(update={"schedule_id": f"sweep-{uuid.uuid4().hex}"})
+    settings = settings.model_copy(update={"rotation": rotation})
+    with ScriptedModelServer([]) as model:
+        worker = spawn_worker(settings, address(temporal_env), model.url, manage_schedule=manage)
+        stop_worker(worker)
+    ids = [s.id async for s in await temporal_env.client.list_schedules()]
+    handle = temporal_env.client.get_schedule_handle(rotation.schedule_id)
+    if not manage:
+        assert rotation.schedule_id not in ids
+        with pytest.raises(RPCError):
+            await handle.describe()
+        return
+    described = await handle.describe()
+    action = described.schedule.action
+    assert isinstance(action, ScheduleActionStartWorkflow)
+    assert action.task_queue == settings.temporal.task_queue
+    assert described.schedule.spec.intervals[0].every == timedelta(seconds=rotation.interval_s)
+    await handle.delete()

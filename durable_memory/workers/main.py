@@ -57,13 +57,15 @@ async def _serve(client: Client, settings: Settings, model: ChatModel) -> None:
     try:
         # Users of a deployment from before the database listed them (store/users.py).
         local_users = memory.stack.blocks.register_local_users()
-        schedule = await memory.ensure_rotation_schedule()
+        if settings.rotation.manage_schedule:
+            schedule = await memory.ensure_rotation_schedule()
+            said = f"rotation schedule {schedule}: every {settings.rotation.interval_s:.0f}s"
+        else:
+            said = f"rotation schedule {settings.rotation.schedule_id}: left as it is"
     finally:
         memory.close()
     print(f"{local_users} user(s) on this worker's disk registered", file=sys.stderr)
-    print(
-        f"rotation schedule {schedule}: every {settings.rotation.interval_s:.0f}s", file=sys.stderr
-    )
+    print(said, file=sys.stderr)
     print(f"worker on task queue {settings.temporal.task_queue}; Ctrl-C stops", file=sys.stderr)
     await run_worker(client, settings, model, stop)
     print("worker stopped", file=sys.stderr)

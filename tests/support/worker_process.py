@@ -46,15 +46,17 @@ def spawn_worker(
     marker: Path | None = None,
     log: Path | None = None,
     extra_env: Mapping[str, str] | None = None,
+    manage_schedule: bool = False,
 ) -> subprocess.Popen[str]:
     """Start `dmem worker` and return once it polls its task queue (its stderr appended to
     `log`, if given). Its turns run with `settings`' turn settings (step limit, approval TTL,
     activity options), given to it as a config file as a deployment would. `extra_env` adds
-    to (or overrides) its DMEM_* variables: the shared stores of another host, say."""
+    to (or overrides) its DMEM_* variables: the shared stores of another host, say. It leaves
+    the rotation Schedule alone unless `manage_schedule`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMEM_", "ANTHROPIC_"))}
     env.update(
         {
-            "DMEM_CONFIG": str(_turn_config_file(settings)),
+            "DMEM_CONFIG": str(_turn_config_file(settings, manage_schedule)),
             "DMEM_DATA_DIR": str(settings.memory.data_dir),
             "DMEM_PROFILE": settings.memory.profile,
             "DMEM_TEMPORAL_ADDRESS": temporal,
@@ -73,12 +75,17 @@ def spawn_worker(
     )
 
 
-def _turn_config_file(settings: Settings) -> Path:
+def _turn_config_file(settings: Settings, manage_schedule: bool) -> Path:
     config = settings.memory.data_dir.parent / f"worker-{settings.temporal.task_queue}.yaml"
     turn = {
         "memory": {"max_steps": settings.memory.max_steps},
         "turn": settings.turn.model_dump(mode="json"),
         "activities": settings.activities.model_dump(mode="json"),
+        # Tests share one dev server: a worker that made the hourly sweep's Schedule would
+        # start rotations of its test's users at the top of the hour, racing the test's own.
+        "rotation": settings.rotation.model_copy(
+            update={"manage_schedule": manage_schedule}
+        ).model_dump(mode="json"),
     }
     config.write_text(yaml.safe_dump(turn), encoding="utf-8")
     return config
