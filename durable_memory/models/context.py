@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from durable_memory.models.blocks import ModelSettings
 from durable_memory.models.llm import ChatMessage
 
 
@@ -60,3 +61,8 @@ class CompiledContext(BaseModel):
     tools: list[dict[str, Any]]
     overview: ContextWindowOverview
     last_message_id: int
+    model: ModelSettings | None = None
+    """The profile's model settings the context was compiled for: every model call of the
+    turn uses them (a profile changed meanwhile takes effect at the next turn), and no step
+    reads the profile again, which in the distributed mode is a round trip to the git
+    server. None in a context stored before: the profile is read."""

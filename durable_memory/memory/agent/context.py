@@ -351,6 +351,7 @@ def _compile(
         messages=messages,
         tools=tools,
         last_message_id=recent[-1].id if recent else after,
+        model=profile.model,
         overview=ContextWindowOverview(
             context_window=window,
             system_tokens=tokens["system"],

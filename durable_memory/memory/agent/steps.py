@@ -296,7 +296,7 @@ class TurnSteps:
             context = self.turns.context(step.user_id, step.turn_id)
             earlier = self.sources.recall.turn(step.user_id, step.turn_id, TurnPositions.FIRST_STEP)
             continuation = to_chat_messages(earlier, start_with_user=False)
-            settings = self.sources.blocks.profile(step.user_id).model
+            settings = context.model or self.sources.blocks.profile(step.user_id).model
             ttl = None if settings.cache_ttl == "off" else settings.cache_ttl
             request = model_request(context, continuation, ttl)
             reply = self.model.create(settings, request.system, request.messages, request.tools)
