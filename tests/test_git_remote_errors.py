@@ -1,5 +1,5 @@
-"""Every HTTP request of ours to the git server (the ref advertisement read before each
-transaction, the deletion of a forgotten user's repository) fails the same way, through one
+"""Every HTTP request of ours to the git server (the remote's main read before each
+transaction, `dmem-main` or the ref advertisement, the deletion of a forgotten user's repository) fails the same way, through one
 mapping (store/git/advertisement.py `git_remote_errors`): 401 and 403 are GitRemoteRefused,
 not retried; 5xx and a connection that fails are GitRemoteUnavailable, retried. Against a
 real loopback HTTP server answering each status."""
@@ -18,7 +18,7 @@ from durable_memory.memory.core.errors import (
     GitRemoteUnavailable,
 )
 from durable_memory.memory.store.git import RemoteGitBlockStore
-from durable_memory.memory.store.git.advertisement import advertised_main
+from durable_memory.memory.store.git.advertisement import advertised_main, remote_main
 
 TOKEN = "secret-token-never-shown"
 Request = Callable[[str], object]
@@ -41,10 +41,13 @@ def answering(status: int) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-@pytest.fixture(params=["advertisement", "delete"])
+@pytest.fixture(params=["advertisement", "main", "delete"])
 def request_to(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Request]:
     if request.param == "advertisement":
         yield lambda base: advertised_main(f"{base}/alice.git", TOKEN)
+        return
+    if request.param == "main":  # dmem-main, then (a server without it) the advertisement
+        yield lambda base: remote_main(f"{base}/alice.git", TOKEN)
         return
     yield lambda base: RemoteGitBlockStore(tmp_path / "data", base, TOKEN).forget_user("alice")
 

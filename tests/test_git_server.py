@@ -7,6 +7,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,20 @@ import pytest
 from durable_memory.cli import main
 from durable_memory.gitserver.pre_receive import hook_script
 from durable_memory.gitserver.server import GitServer, ServeSettings
-from durable_memory.memory.core.errors import DurableMemoryError, InvalidIdentifier
+from durable_memory.loopback_server import ThreadedHTTPServer
+from durable_memory.memory.core.errors import (
+    DurableMemoryError,
+    GitRemoteRefused,
+    InvalidIdentifier,
+)
 from durable_memory.memory.core.policies import StandingApproval, format_policies
 from durable_memory.memory.store.bare_repos import ensure_bare_repository
+from durable_memory.memory.store.git.advertisement import (
+    advertised_main,
+    remote_main,
+    served_main,
+)
+from durable_memory.memory.store.git.refs import Unreadable
 
 TOKEN = "s3cret-token"
 GIT_ENV = {
@@ -324,3 +336,76 @@ def test_dmem_git_serve_refuses_to_start_without_a_token(
     assert main(["git-serve", str(root), "--no-auth", "--host", "0.0.0.0"]) != 0
     assert "loopback" in capsys.readouterr().err
     assert not root.exists()
+
+
+def test_dmem_main_answers_what_the_advertisement_says(
+    server: GitServer, root: Path, tmp_path: Path
+) -> None:
+    """`GET <repo>/dmem-main` (no git process on the server) names the commit the ref
+    advertisement names: nothing before the first push, each push's commit after, and after
+    the refs were packed."""
+    url = f"{server.url}/alice.git"
+    assert served_main(url, TOKEN) is None  # no repository
+    assert remote_main(url, TOKEN) is None
+    assert not root.exists() or tree_of(root) == []  # asking created nothing
+    work = work_repo(tmp_path / "w", {"a.txt": "one\n"})
+    for text in ("two\n", "three\n"):
+        git("push", remote(server, "alice"), "main", cwd=work)
+        head = git("rev-parse", "HEAD", cwd=work).stdout.strip()
+        assert served_main(url, TOKEN) == advertised_main(url, TOKEN) == head
+        (work / "a.txt").write_text(text)
+        git("commit", "-qam", text, cwd=work)
+    git("--git-dir", str(root / "alice.git"), "pack-refs", "--all")
+    assert not (root / "alice.git" / "refs" / "heads" / "main").exists()
+    assert served_main(url, TOKEN) == head
+    with pytest.raises(GitRemoteRefused):
+        served_main(url, "wrong")
+
+
+def test_dmem_main_refuses_hostile_repositories_and_creates_nothing(
+    server: GitServer, root: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside.git"
+    git("init", "-q", "--bare", str(outside))
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "mallory.git").symlink_to(outside)
+    before = tree_of(root)
+    for user in ("mallory", "..", "%2e%2e", "a%00b", "-dash", "x" * 65):
+        with pytest.raises(Unreadable) as refused:
+            served_main(f"{server.url}/{user}.git", TOKEN)
+        assert "HTTP 422" in str(refused.value)  # refused by dmem-main itself, for this user
+    assert tree_of(root) == before
+    assert not (root.parent / ".git").exists()
+
+
+def test_a_server_without_dmem_main_is_asked_for_its_advertisement() -> None:
+    """Another smart HTTP server: the first read finds no `dmem-main` and falls back to the
+    advertisement; later reads go straight to it."""
+    sha = "a" * 40
+    line = f"{sha} refs/heads/main\n".encode()
+    advertisement = b"001e# service=git-upload-pack\n0000" + b"%04x" % (len(line) + 4) + line
+    paths: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            paths.append(self.path)
+            ok = self.path.endswith("/info/refs?service=git-upload-pack")
+            body = advertisement + b"0000" if ok else b"no such thing\n"
+            self.send_response(200 if ok else 404)
+            kind = "application/x-git-upload-pack-advertisement" if ok else "text/plain"
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    with ThreadedHTTPServer("127.0.0.1", 0, Handler) as other:
+        assert remote_main(f"{other.url}/alice.git", TOKEN) == sha
+        assert remote_main(f"{other.url}/bob.git", TOKEN) == sha
+    assert paths == [
+        "/alice.git/dmem-main",
+        "/alice.git/info/refs?service=git-upload-pack",
+        "/bob.git/info/refs?service=git-upload-pack",
+    ]

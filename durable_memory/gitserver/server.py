@@ -1,15 +1,19 @@
 """`dmem git-serve DIR`: bare repositories `DIR/<user>.git` over smart HTTP, at `/<user>.git`.
 
 A thin HTTP front over `git http-backend` (CGI), which does the git protocol. This front does
-what the backend leaves to a web server: every request carries the token (a bearer token or
-the password of HTTP basic auth, compared in constant time) or gets 401; the user id in the path
-is validated before any path is built, and only the smart protocol's three endpoints are served
-(no dumb HTTP file access); a missing repository is created, atomically, on the first push;
-request bodies are bounded (413); the backend's stderr is logged and a backend that hangs is
-killed after a timeout (504). A push with the `Dmem-History-Rewrite` header (`dmem redact`) may
-replace main by a rewritten history (still lease-protected), and the repository is
-garbage-collected after it. `DELETE /<user>.git` (with the token) deletes a user's
+what the backend leaves to a web server: every request carries the token (a bearer token or the
+password of HTTP basic auth, compared in constant time) or gets 401; the user id in the path is
+validated before any path is built, and only the smart protocol's three endpoints and
+`dmem-main` (below) are served (no dumb HTTP file access); a missing repository is created,
+atomically, on the first push; request bodies are bounded (413); the backend's stderr is logged
+and a backend that hangs is killed after a timeout (504). A push with the `Dmem-History-Rewrite`
+header (`dmem redact`) may replace main by a rewritten history (still lease-protected), and the
+repository is garbage-collected after it. `DELETE /<user>.git` (with the token) deletes a user's
 repository, for `dmem forget`: renamed out of place, then removed (204; 404 if there is none).
+`GET /<user>.git/dmem-main` (with the token) answers the commit main names, read from the
+repository's files (an empty body: no repository, or no main yet), so that a worker that asks
+whether its clone is current before every read costs this server no git process
+(memory/store/git/advertisement.py; other git servers are asked for their ref advertisement).
 """
 
 import logging
@@ -34,6 +38,8 @@ from durable_memory.memory.store.bare_repos import (
     existing_bare_repository,
     install_hook,
 )
+from durable_memory.memory.store.git.advertisement import MAIN_CONTENT_TYPE
+from durable_memory.memory.store.git.refs import Unreadable, read_head
 from durable_memory.memory.store.redaction.history import HISTORY_REWRITE_HEADER, prune_repository
 
 log = logging.getLogger(__name__)
@@ -43,6 +49,7 @@ DEFAULT_CGI_TIMEOUT_SECONDS = 300.0
 _REPOSITORY = re.compile(r"/([^/]+)\.git/?")
 _ROUTE = re.compile(r"/([^/]+)\.git/(info/refs|git-upload-pack|git-receive-pack)")
 _SERVICES = ("git-upload-pack", "git-receive-pack")
+_MAIN = re.compile(r"/([^/]+)\.git/dmem-main")
 
 
 def http_backend() -> str:
@@ -76,7 +83,31 @@ class _Handler(BaseHTTPRequestHandler):
         log.info("%s %s", self.address_string(), format % args)
 
     def do_GET(self) -> None:
-        self._serve()
+        main = _MAIN.fullmatch(unquote(self.path))
+        if main is None:
+            self._serve()
+        elif self._authorized():
+            self._answer_main(main.group(1))
+
+    def _answer_main(self, user_id: str) -> None:
+        """The commit id main names, from the bare repository's ref files; empty when there
+        is no repository or no main yet (what a fetch would find)."""
+        try:
+            bare = existing_bare_repository(self.settings.root, user_id)
+            sha = read_head(bare) if bare is not None else None
+        except (DurableMemoryError, Unreadable) as error:  # an invalid id, an odd repository
+            # Answered in this endpoint's type: the client asks git for this user, and goes
+            # on asking this server the cheap way for the others.
+            log.warning("refused %s: %s", self.path[:200], error)
+            status, body = HTTPStatus.UNPROCESSABLE_ENTITY, f"{error}\n".encode()
+        else:
+            status, body = HTTPStatus.OK, (f"{sha}\n".encode() if sha else b"")
+        self.send_response(status)
+        self.send_header("Content-Type", MAIN_CONTENT_TYPE)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        self.wfile.write(body)
 
     def do_POST(self) -> None:
         self._serve()

@@ -1,7 +1,9 @@
-"""A smart HTTP git server's ref advertisement (`GET <repo>/info/refs?service=git-upload-pack`),
-read in-process: the remote's main without starting git, so that a transaction whose clone is
-already up to date costs one small request. Anything unexpected is `Unreadable`, and the caller
-lets `git fetch` find out what is wrong.
+"""The remote's main without starting git, so that a transaction whose clone is already up to
+date costs one small request: `dmem git-serve`'s `GET <repo>/dmem-main` (the ref read from the
+repository's files: no git process on the server either), else a smart HTTP git server's ref
+advertisement (`GET <repo>/info/refs?service=git-upload-pack`, which costs the server an
+upload-pack). Anything unexpected is `Unreadable`, and the caller lets `git fetch` find out
+what is wrong.
 
 Also how every HTTP request of ours to the git server fails (`git_remote_errors`): this
 one and the deletion of a forgotten user's repository (remote.py)."""
@@ -17,6 +19,11 @@ from durable_memory.memory.store.git.refs import BRANCH_REF, FULL_SHA, Unreadabl
 ADVERTISEMENT_TIMEOUT_S = 30.0
 _MAX_BYTES = 1 << 20
 _CONTENT_TYPE = "application/x-git-upload-pack-advertisement"
+MAIN_CONTENT_TYPE = "application/x-dmem-main"
+"""`dmem git-serve`'s answer to `GET <repo>/dmem-main`, whatever its status."""
+_WITHOUT_MAIN_ENDPOINT: set[str] = set()
+"""Servers (a repository URL less its last part) that did not answer `dmem-main` as `dmem
+git-serve` does: this process asks them for the advertisement from then on."""
 
 
 @contextlib.contextmanager
@@ -42,13 +49,60 @@ def git_remote_errors(where: str) -> Iterator[None]:
         raise GitRemoteUnavailable(f"{where}: the git remote is unavailable: {reason}") from None
 
 
+def remote_main(repository_url: str, token: str | None) -> str | None:
+    """The commit `refs/heads/main` names on the server; None if the repository is missing or
+    has no main yet. Asked the cheap way first (`dmem-main`), else the ref advertisement."""
+    server = repository_url.rsplit("/", 1)[0]
+    if server not in _WITHOUT_MAIN_ENDPOINT:
+        try:
+            return served_main(repository_url, token)
+        except _NotServed:
+            _WITHOUT_MAIN_ENDPOINT.add(server)
+    return advertised_main(repository_url, token)
+
+
+class _NotServed(Unreadable):
+    """The server does not answer `dmem-main` (not `dmem git-serve`, or an older one)."""
+
+
+def served_main(repository_url: str, token: str | None) -> str | None:
+    """`dmem git-serve`'s `GET <repo>/dmem-main`: the commit main names, None for no
+    repository or no main. `_NotServed` from any other server; `Unreadable` when this server
+    could not read this user's repository (another user's may be fine)."""
+    request = urllib.request.Request(
+        f"{repository_url}/dmem-main", headers=_headers(token) | {"Cache-Control": "no-cache"}
+    )
+    try:
+        with (
+            git_remote_errors(repository_url),
+            urllib.request.urlopen(request, timeout=ADVERTISEMENT_TIMEOUT_S) as response,
+        ):
+            if response.headers.get_content_type() != MAIN_CONTENT_TYPE:
+                raise _NotServed(f"{repository_url} is not dmem git-serve")
+            body: bytes = response.read(_MAX_BYTES + 1)
+    except urllib.error.HTTPError as error:
+        if error.headers.get_content_type() == MAIN_CONTENT_TYPE:
+            raise Unreadable(f"HTTP {error.code} for {repository_url}/dmem-main") from None
+        raise _NotServed(f"HTTP {error.code}") from None
+    sha = body.decode("ascii", "replace").strip()
+    if not sha:
+        return None
+    if not FULL_SHA.fullmatch(sha):
+        raise Unreadable(f"main is served as {sha[:60]!r}")
+    return sha
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    return {"User-Agent": "git/durable-memory"} | (
+        {"Authorization": f"Bearer {token}"} if token else {}
+    )
+
+
 def advertised_main(repository_url: str, token: str | None) -> str | None:
     """The commit `refs/heads/main` names on the server; None if the repository is missing or
     has no main yet."""
     request = urllib.request.Request(
-        f"{repository_url}/info/refs?service=git-upload-pack",
-        headers={"User-Agent": "git/durable-memory"}
-        | ({"Authorization": f"Bearer {token}"} if token else {}),
+        f"{repository_url}/info/refs?service=git-upload-pack", headers=_headers(token)
     )
     try:
         with (

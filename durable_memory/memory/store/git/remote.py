@@ -44,7 +44,7 @@ from durable_memory.memory.store.bare_repos import (
     ensure_bare_repository,
     existing_bare_repository,
 )
-from durable_memory.memory.store.git.advertisement import advertised_main, git_remote_errors
+from durable_memory.memory.store.git.advertisement import git_remote_errors, remote_main
 from durable_memory.memory.store.git.commits import git_process, run_git
 from durable_memory.memory.store.git.refs import (
     BRANCH_REF,
@@ -292,17 +292,18 @@ class RemoteGitBlockStore(GitBlockStore):
     def _refuse_unknown(self, user_id: str) -> None:
         """UnknownUser if the server says plainly that the user has no main."""
         with contextlib.suppress(Unreadable):  # an odd server: git's fetch will say
-            if advertised_main(self.remote_url(user_id), self._token) is None:
+            if remote_main(self.remote_url(user_id), self._token) is None:
                 raise UnknownUser(f"user '{user_id}' has no memory yet")
 
     def _remote_tip(self, user_id: str) -> str | None:
         """The remote's main as it is now, if it can be read without git (a shared directory's
-        ref file; a smart HTTP server's ref advertisement); None when not known this way."""
+        ref file; `dmem git-serve`'s `dmem-main`, another smart HTTP server's ref advertisement);
+        None when not known this way."""
         try:
             if self._shared_dir is not None:
                 bare = existing_bare_repository(self._shared_dir, user_id)
                 return None if bare is None else read_head(bare)
-            return advertised_main(self.remote_url(user_id), self._token)
+            return remote_main(self.remote_url(user_id), self._token)
         except Unreadable:
             return None  # git's fetch says what is wrong
 
