@@ -4,10 +4,12 @@ attempt stored instead of calling the model again or adding rows or diffs."""
 
 from typing import Any
 
-from sqlalchemy import Engine
+import pytest
+from sqlalchemy import Engine, text
 
 from durable_memory.memory.agent.steps import TurnPositions
 from durable_memory.memory.store.turns import TurnStore
+from durable_memory.models.context import CompiledContext
 from durable_memory.models.recall import MessageRole
 from durable_memory.models.turn import StepInput, TurnInput
 from tests.support.agent_helpers import (
@@ -72,3 +74,41 @@ def test_retried_steps_reuse_what_the_first_attempt_stored(
         (1000, MessageRole.TOOL_CALL),
         (1500, MessageRole.TOOL_RESULT),
     ]
+
+
+def _store_context(engine: Engine, context: CompiledContext) -> None:
+    with engine.begin() as connection:
+        connection.execute(
+            text("UPDATE user_turn_contexts SET body = :body WHERE turn_id = 't1'"),
+            {"body": context.model_dump_json()},
+        )
+
+
+def test_every_model_call_uses_the_model_settings_its_context_was_compiled_for(
+    memory: MemoryRig, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stored context carries the profile's model settings: the turn's model calls use
+    them and do not read the profile again (a profile changed mid-turn applies next turn). A
+    context stored before it carried them: the profile is read."""
+    turn = TurnInput(user_id="alice", turn_id="t1", message="I write essays")
+    with scripted_steps(memory, engine, [{"text": "one"}, {"text": "two"}]) as (steps, server):
+        steps.prepare(turn)
+        compiled = TurnStore(engine).context("alice", "t1")
+        profile_model = memory.blocks.profile("alice").model
+        assert compiled.model == profile_model
+        other = profile_model.model_copy(update={"name": "claude-compiled-for", "max_tokens": 77})
+        _store_context(engine, compiled.model_copy(update={"model": other}))
+
+        def no_profile_read(user_id: str) -> None:
+            raise AssertionError(f"the model step read {user_id}'s profile")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(steps.sources.blocks, "profile", no_profile_read)
+            steps.call_model(StepInput(user_id="alice", turn_id="t1", step=1))
+        assert (server.requests[0]["model"], server.requests[0]["max_tokens"]) == (
+            "claude-compiled-for",
+            77,
+        )
+        _store_context(engine, compiled.model_copy(update={"model": None}))  # stored before
+        steps.call_model(StepInput(user_id="alice", turn_id="t1", step=2))
+        assert server.requests[1]["model"] == profile_model.name
