@@ -346,6 +346,14 @@ class ScriptedModelServer(ThreadedHTTPServer):
                 if self.path.split("?")[0] != "/v1/messages":
                     self._send(404, _error_body("not_found_error", f"no route {self.path}"), {})
                     return
+                # As the Messages API does: a request without these is refused.
+                if self.headers.get_content_type() != "application/json":
+                    self._send(400, _error_body("invalid_request_error", "not JSON"), {})
+                    return
+                if not self.headers.get("anthropic-version"):
+                    refusal = "anthropic-version: header is required"
+                    self._send(400, _error_body("invalid_request_error", refusal), {})
+                    return
                 try:
                     body = json.loads(raw)
                 except ValueError:

@@ -2,11 +2,19 @@
 
 from typing import Any
 
+import anthropic
+import httpx
 import pytest
 
 from durable_memory.memory.agent.llm import AnthropicModel, ModelCallError, ModelConfigError
 from durable_memory.models.blocks import ModelSettings
-from durable_memory.models.llm import ChatMessage, TextBlock, ToolUseBlock
+from durable_memory.models.llm import (
+    CacheControl,
+    ChatMessage,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 from durable_memory.scripted_model import ScriptedModelServer, ScriptError, load_script
 
 SETTINGS = ModelSettings(name="claude-sonnet-4-6", max_tokens=256, temperature=0.2)
@@ -33,6 +41,57 @@ def test_text_reply_and_recorded_request() -> None:
     assert request["max_tokens"] == 256
     assert request["temperature"] == 0.2
     assert request["messages"] == [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]
+
+
+def test_the_request_is_the_one_the_sdks_messages_create_sends() -> None:
+    """The body is encoded by us and sent with the SDK's `post`: the same JSON, headers and
+    endpoint as `messages.create` (cache breakpoints, tools, temperature and all)."""
+    marker = CacheControl(ttl="1h")
+    system = [TextBlock(text="stable", cache_control=marker), TextBlock(text="blocks")]
+    messages = [
+        ChatMessage(role="user", content=[TextBlock(text="hello")]),
+        ChatMessage(
+            role="assistant",
+            content=[ToolUseBlock(id="toolu_1", name="search", input={"q": "é \u2028 ✓"})],
+        ),
+        ChatMessage(
+            role="user",
+            content=[ToolResultBlock(tool_use_id="toolu_1", content="found", cache_control=marker)],
+        ),
+    ]
+    tools = [{"name": "search", "description": "d", "input_schema": {"type": "object"}}]
+    with ScriptedModelServer([{"text": "ours"}, {"text": "sdk's"}]) as server:
+        model = AnthropicModel(base_url=server.url)
+        sdk = anthropic.Anthropic(api_key="no-key-local-server", base_url=server.url)
+        try:
+            model.create(SETTINGS, system, messages, tools)
+            sdk.messages.create(
+                model=SETTINGS.name,
+                max_tokens=SETTINGS.max_tokens,
+                extra_body={"temperature": SETTINGS.temperature},
+                system=[b.model_dump(mode="json") for b in system],  # type: ignore[misc]
+                messages=[m.model_dump(mode="json") for m in messages],  # type: ignore[misc]
+                tools=tools,  # type: ignore[arg-type]
+            )
+        finally:
+            model.close()
+            sdk.close()
+    ours, theirs = server.requests
+    assert ours == theirs
+    assert ours["system"][0]["cache_control"] == {"type": "ephemeral", "ttl": "1h"}
+    assert "cache_control" not in ours["system"][1]
+
+
+def test_a_request_without_json_or_the_api_version_is_refused_as_the_api_does() -> None:
+    with ScriptedModelServer([{"text": "never"}]) as server:
+        for headers in (
+            {"content-type": "text/plain", "anthropic-version": "2023-06-01"},
+            {"content-type": "application/json"},
+        ):
+            reply = httpx.post(f"{server.url}/v1/messages", content=b"{}", headers=headers)
+            assert reply.status_code == 400
+            assert reply.json()["error"]["type"] == "invalid_request_error"
+        assert server.requests == []
 
 
 def test_tool_use_reply() -> None:
