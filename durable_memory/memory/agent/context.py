@@ -92,6 +92,8 @@ def neutralised(text: str) -> str:
     update and the turn note carry our authority ("replaces what the system prompt shows"),
     so a message must not be able to open or close one. Everything else is left as the user
     wrote it (code, maths), and the escaping is a pure function of the text."""
+    if "<" not in text:  # most messages; every turn neutralises the whole conversation
+        return text
     return _OUR_TAIL_TAG.sub(r"&lt;\1\2", text)
 
 

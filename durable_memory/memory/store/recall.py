@@ -53,10 +53,37 @@ RECALL_TEXT_INDEX = postgres_text_index("recall_messages_fts", "recall_messages"
 """PostgreSQL: the full-text index of the messages' content."""
 
 
+_COLUMNS: tuple[str, ...] = ("id", "user_id", "turn_id", "seq", "role", "content")
+_COLUMNS += ("tool_name", "tool_call_id", "is_error", "created_at")
+"""The columns `_plain_select` reads, in the order `_from_row` unpacks them."""
+
+
 def _plain_select() -> Select[Any]:
     """Messages as plain rows: building ORM objects cost more than all the rest of compiling
     a context of 5,000 messages (35 us each, and garbage for the collector)."""
-    return select_columns(*RecallMessageRow.__table__.columns)  # type: ignore[attr-defined]
+    table = RecallMessageRow.__table__  # type: ignore[attr-defined]
+    return select_columns(*(table.c[name] for name in _COLUMNS))
+
+
+def _from_row(row: Row[Any]) -> RecallMessage:
+    """A row of `_plain_select` as the model, by position: a context reads every message of
+    the conversation each turn, and named access to a row's fields cost as much again as the
+    rest of reading it."""
+    id_, user_id, turn_id, seq, role, content, tool_name, tool_call_id, is_error, created = tuple(
+        row
+    )
+    return RecallMessage(
+        id=id_,
+        user_id=user_id,
+        turn_id=turn_id,
+        seq=seq,
+        role=role,
+        content=content,
+        tool_name=tool_name,
+        tool_call_id=tool_call_id,
+        is_error=is_error,
+        created_at=utc(created),
+    )
 
 
 def _to_model(row: RecallMessageRow | Row[Any]) -> RecallMessage:
@@ -144,7 +171,7 @@ class RecallStore:
                     _plain_select().where(*of_turn, table.c.seq.in_(list(wanted)))
                 )
             }
-        return [_to_model(rows[seq]) for seq in wanted]
+        return [_from_row(rows[seq]) for seq in wanted]
 
     def next_seq(self, user_id: str, turn_id: str) -> int:
         """The next free seq of a turn (0 for a new turn)."""
@@ -157,10 +184,12 @@ class RecallStore:
             return 0 if top is None else top + 1
 
     def count(self, user_id: str) -> int:
-        with Session(self.engine) as session:
-            return session.exec(
-                select(func.count()).where(RecallMessageRow.user_id == user_id)
-            ).one()
+        table = RecallMessageRow.__table__  # type: ignore[attr-defined]
+        with self.engine.connect() as connection:
+            counted: int = connection.execute(
+                select_columns(func.count()).where(table.c.user_id == user_id)
+            ).scalar_one()
+        return counted
 
     def recent(self, user_id: str, limit: int = 50) -> list[RecallMessage]:
         """The newest `limit` messages, oldest first."""
@@ -170,8 +199,8 @@ class RecallStore:
             .order_by(col(RecallMessageRow.id).desc())
             .limit(limit)
         )
-        with Session(self.engine) as session:
-            return [_to_model(r) for r in reversed(session.execute(query).all())]
+        with self.engine.connect() as connection:
+            return [_from_row(r) for r in reversed(connection.execute(query).all())]
 
     def turn(self, user_id: str, turn_id: str, from_seq: int = 0) -> list[RecallMessage]:
         """The messages of one turn from `from_seq` on, in order."""
@@ -184,8 +213,8 @@ class RecallStore:
             )
             .order_by(col(RecallMessageRow.seq))
         )
-        with Session(self.engine) as session:
-            return [_to_model(r) for r in session.execute(query).all()]
+        with self.engine.connect() as connection:
+            return [_from_row(r) for r in connection.execute(query).all()]
 
     def after(self, user_id: str, after_id: int) -> list[RecallMessage]:
         """Every message with an id above `after_id`, oldest first: what a context holds after
@@ -195,8 +224,8 @@ class RecallStore:
             .where(col(RecallMessageRow.user_id) == user_id, col(RecallMessageRow.id) > after_id)
             .order_by(col(RecallMessageRow.id))
         )
-        with Session(self.engine) as session:
-            return [_to_model(r) for r in session.execute(query).all()]
+        with self.engine.connect() as connection:
+            return [_from_row(r) for r in connection.execute(query).all()]
 
     def search(
         self,
