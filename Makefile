@@ -35,7 +35,7 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
-# Every benchmark beside its floor (about 20 minutes on 2 cores), then the plots in docs/.
+# Every benchmark beside its floor (about 22 minutes on 2 cores), then the plots in docs/.
 # The distributed one runs under pg_virtualenv (Debian's postgresql-common): a throwaway
 # PostgreSQL cluster on loopback for the length of the run.
 bench: $(STAMP)
