@@ -91,7 +91,8 @@ def test_every_model_call_uses_the_model_settings_its_context_was_compiled_for(
     them and do not read the profile again (a profile changed mid-turn applies next turn). A
     context stored before it carried them: the profile is read."""
     turn = TurnInput(user_id="alice", turn_id="t1", message="I write essays")
-    with scripted_steps(memory, engine, [{"text": "one"}, {"text": "two"}]) as (steps, server):
+    script: list[dict[str, Any]] = [{"content": [SEARCH]}, {"text": "two"}]
+    with scripted_steps(memory, engine, script) as (steps, server):
         steps.prepare(turn)
         compiled = TurnStore(engine).context("alice", "t1")
         profile_model = memory.blocks.profile("alice").model
@@ -105,6 +106,7 @@ def test_every_model_call_uses_the_model_settings_its_context_was_compiled_for(
         with monkeypatch.context() as patched:
             patched.setattr(steps.sources.blocks, "profile", no_profile_read)
             steps.call_model(StepInput(user_id="alice", turn_id="t1", step=1))
+        steps.run_tools(StepInput(user_id="alice", turn_id="t1", step=1))
         assert (server.requests[0]["model"], server.requests[0]["max_tokens"]) == (
             "claude-compiled-for",
             77,
@@ -112,3 +114,42 @@ def test_every_model_call_uses_the_model_settings_its_context_was_compiled_for(
         _store_context(engine, compiled.model_copy(update={"model": None}))  # stored before
         steps.call_model(StepInput(user_id="alice", turn_id="t1", step=2))
         assert server.requests[1]["model"] == profile_model.name
+
+
+def _stored_contexts(engine: Engine) -> int:
+    with engine.connect() as connection:
+        counted: int = connection.execute(
+            text("SELECT count(*) FROM user_turn_contexts")
+        ).scalar_one()
+    return counted
+
+
+def test_a_turn_keeps_its_context_only_while_its_agent_loop_runs(
+    memory: MemoryRig, engine: Engine
+) -> None:
+    """Each stored context holds the whole conversation window: kept for every turn, a
+    user's rows would grow with the square of the conversation. It is kept while the model
+    may be called again, and deleted after the last call (or the step-limit stop); a retry
+    of that call answers from its stored reply without calling the model."""
+    turn = TurnInput(user_id="alice", turn_id="t1", message="I write essays")
+    first, last = (StepInput(user_id="alice", turn_id="t1", step=s) for s in (1, 2))
+    with scripted_steps(memory, engine, [{"content": [SEARCH]}, {"text": "done"}]) as (
+        steps,
+        server,
+    ):
+        steps.prepare(turn)
+        steps.call_model(first)
+        steps.run_tools(first)
+        assert _stored_contexts(engine) == 1  # the model is called again
+        answered = steps.call_model(last)
+        assert _stored_contexts(engine) == 0
+        assert steps.call_model(last) == answered  # a retry: the stored reply, no context
+        assert len(server.requests) == 2
+    for n in range(2, 5):  # a conversation: no turn leaves a context behind
+        run_scripted_turn(memory, engine, [{"text": "ok"}], "more", turn_id=f"t{n}")
+    assert _stored_contexts(engine) == 0
+    stopped, _ = run_scripted_turn(
+        memory, engine, [{"content": [SEARCH]}], "again", turn_id="t9", max_steps=1
+    )
+    assert stopped.stopped_at_step_limit
+    assert _stored_contexts(engine) == 0

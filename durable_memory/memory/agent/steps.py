@@ -9,6 +9,8 @@ without Temporal (tests/support/agent_helpers.py).
 Every step is idempotent, so a retry after a crash lands where the first attempt did: the
 context and each model reply are stored (store/turns.py) and reused, a tool call proposes the
 diff it proposed before, and recall rows sit at positions fixed by the step (`TurnPositions`).
+The context is deleted once the agent loop is over (the last model call, or `finish` after a
+step-limit stop): a retry of the last call finds its stored reply and needs no context.
 
 One module (over 300 lines) because the steps share these rules: the positions, the form a
 reply and a tool call take in recall, the stored replies; apart, a rule would drift from the
@@ -310,6 +312,8 @@ class TurnSteps:
             reply_messages(reply),
             first_seq=TurnPositions.reply_seq(step.step),
         )
+        if not reply.tool_uses:  # the turn's last model call: its context is done with
+            self.turns.drop_context(step.user_id, step.turn_id)
         return ModelStepResult(
             text=reply_text(reply),
             tool_calls=len(reply.tool_uses),
@@ -356,6 +360,7 @@ class TurnSteps:
             sources.recall.append(
                 finish.user_id, finish.turn_id, [note], first_seq=TurnPositions.STEP_LIMIT_NOTE
             )
+            self.turns.drop_context(finish.user_id, finish.turn_id)  # no model call follows
         diffs = [sources.review.get(d, finish.user_id) for d in finish.diff_ids]
         previews = [
             DiffPreview(

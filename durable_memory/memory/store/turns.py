@@ -113,6 +113,17 @@ class TurnStore:
         )
         return context if stored is None else CompiledContext.model_validate_json(stored)
 
+    def drop_context(self, user_id: str, turn_id: str) -> None:
+        """Delete a turn's stored context once its agent loop is over: no step reads it again
+        (a retried model step finds its stored reply first), and each one holds the whole
+        conversation window, so keeping every turn's would grow a user's rows with the square
+        of the conversation's length. Idempotent."""
+        table = _table(TurnContextRow)
+        with self.engine.begin() as connection:
+            connection.execute(
+                table.delete().where(table.c.user_id == user_id, table.c.turn_id == turn_id)
+            )
+
     def context(self, user_id: str, turn_id: str) -> CompiledContext:
         body = self._stored(TurnContextRow, "body", {"user_id": user_id, "turn_id": turn_id})
         if body is None:
