@@ -65,7 +65,7 @@ def _plain_select() -> Select[Any]:
     return select_columns(*(table.c[name] for name in _COLUMNS))
 
 
-def _from_row(row: Row[Any]) -> RecallMessage:
+def _from_row(row: Row[Any] | tuple[Any, ...]) -> RecallMessage:
     """A row of `_plain_select` as the model, by position: a context reads every message of
     the conversation each turn, and named access to a row's fields cost as much again as the
     rest of reading it."""
@@ -86,20 +86,9 @@ def _from_row(row: Row[Any]) -> RecallMessage:
     )
 
 
-def _to_model(row: RecallMessageRow | Row[Any]) -> RecallMessage:
-    assert row.id is not None
-    return RecallMessage(
-        id=row.id,
-        user_id=row.user_id,
-        turn_id=row.turn_id,
-        seq=row.seq,
-        role=MessageRole(row.role),
-        content=row.content,
-        tool_name=row.tool_name,
-        tool_call_id=row.tool_call_id,
-        is_error=row.is_error,
-        created_at=utc(row.created_at),
-    )
+def _to_model(row: RecallMessageRow) -> RecallMessage:
+    """An ORM row (a search's) as the model."""
+    return _from_row(tuple(getattr(row, name) for name in _COLUMNS))
 
 
 def fts_terms(query: str) -> list[str]:

@@ -69,17 +69,10 @@ def served_main(repository_url: str, token: str | None) -> str | None:
     """`dmem git-serve`'s `GET <repo>/dmem-main`: the commit main names, None for no
     repository or no main. `_NotServed` from any other server; `Unreadable` when this server
     could not read this user's repository (another user's may be fine)."""
-    request = urllib.request.Request(
-        f"{repository_url}/dmem-main", headers=_headers(token) | {"Cache-Control": "no-cache"}
-    )
     try:
-        with (
-            git_remote_errors(repository_url),
-            urllib.request.urlopen(request, timeout=ADVERTISEMENT_TIMEOUT_S) as response,
-        ):
-            if response.headers.get_content_type() != MAIN_CONTENT_TYPE:
-                raise _NotServed(f"{repository_url} is not dmem git-serve")
-            body: bytes = response.read(_MAX_BYTES + 1)
+        body = _get(f"{repository_url}/dmem-main", repository_url, token, MAIN_CONTENT_TYPE)
+    except _OtherContent:
+        raise _NotServed(f"{repository_url} is not dmem git-serve") from None
     except urllib.error.HTTPError as error:
         if error.headers.get_content_type() == MAIN_CONTENT_TYPE:
             raise Unreadable(f"HTTP {error.code} for {repository_url}/dmem-main") from None
@@ -92,26 +85,14 @@ def served_main(repository_url: str, token: str | None) -> str | None:
     return sha
 
 
-def _headers(token: str | None) -> dict[str, str]:
-    return {"User-Agent": "git/durable-memory"} | (
-        {"Authorization": f"Bearer {token}"} if token else {}
-    )
-
-
 def advertised_main(repository_url: str, token: str | None) -> str | None:
     """The commit `refs/heads/main` names on the server; None if the repository is missing or
     has no main yet."""
-    request = urllib.request.Request(
-        f"{repository_url}/info/refs?service=git-upload-pack", headers=_headers(token)
-    )
+    url = f"{repository_url}/info/refs?service=git-upload-pack"
     try:
-        with (
-            git_remote_errors(repository_url),
-            urllib.request.urlopen(request, timeout=ADVERTISEMENT_TIMEOUT_S) as response,
-        ):
-            if response.headers.get_content_type() != _CONTENT_TYPE:
-                raise Unreadable(f"{repository_url} is not a smart HTTP git server")
-            body: bytes = response.read(_MAX_BYTES + 1)
+        body = _get(url, repository_url, token, _CONTENT_TYPE)
+    except _OtherContent:
+        raise Unreadable(f"{repository_url} is not a smart HTTP git server") from None
     except urllib.error.HTTPError as error:
         if error.code == 404:
             return None
@@ -119,6 +100,29 @@ def advertised_main(repository_url: str, token: str | None) -> str | None:
     if len(body) > _MAX_BYTES:
         raise Unreadable("the ref advertisement is too large")
     return main_of_advertisement(body)
+
+
+class _OtherContent(Exception):
+    """The server answered, in another content type than asked."""
+
+
+def _get(url: str, repository_url: str, token: str | None, content_type: str) -> bytes:
+    """GET `url` with the token, its failures named by `git_remote_errors`; the body (at most
+    one byte over `_MAX_BYTES`) if it is of `content_type`. Any other HTTP error status is
+    raised as the `HTTPError`."""
+    request = urllib.request.Request(
+        url,
+        headers={"User-Agent": "git/durable-memory", "Cache-Control": "no-cache"}
+        | ({"Authorization": f"Bearer {token}"} if token else {}),
+    )
+    with (
+        git_remote_errors(repository_url),
+        urllib.request.urlopen(request, timeout=ADVERTISEMENT_TIMEOUT_S) as response,
+    ):
+        if response.headers.get_content_type() != content_type:
+            raise _OtherContent
+        body: bytes = response.read(_MAX_BYTES + 1)
+    return body
 
 
 def main_of_advertisement(body: bytes) -> str | None:
