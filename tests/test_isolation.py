@@ -52,6 +52,13 @@ def test_turn_store_keeps_each_users_turn_apart(engine: Engine) -> None:
     assert turns.save_reply("alice", "t1", 1, _reply("again")).text == "for alice"
     with pytest.raises(LookupError):
         turns.context("carol", "t1")
+    # Alice's turn t1 ends its loop: only her context is dropped, and dropping again is a no-op.
+    turns.drop_context("alice", "t1")
+    turns.drop_context("alice", "t1")
+    with pytest.raises(LookupError):
+        turns.context("alice", "t1")
+    assert turns.context("bob", "t1").system == "bob's"
+    assert turns.reply("alice", "t1", 1) == _reply("for alice")  # replies are kept
 
 
 def test_old_turn_tables_are_migrated_on_open(engine: Engine) -> None:
