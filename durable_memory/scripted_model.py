@@ -33,6 +33,7 @@ one API: the usage a reply reports is part of the reply.
 """
 
 import hashlib
+import functools
 import itertools
 import json
 import threading
@@ -80,11 +81,20 @@ def _ttl(marker: Any) -> str:
     return str(ttl)
 
 
+@functools.lru_cache(maxsize=16_384)
+def _key_tokens(key: str) -> int:
+    """Tokens of a block's cache key. A conversation sends every earlier block again each
+    turn, so most are counted already: counting them afresh made this stand-in for an
+    instant model spend ~1 ms a request of a 40-turn conversation that the benchmarks' floor,
+    sending one short message, never paid (docs/benchmarks.md, "The fourth pass")."""
+    return count_tokens(key)
+
+
 def _prompt_block(part: str, block: Any, first: bool) -> _PromptBlock:
     content = {"type": "text", "text": block} if isinstance(block, str) else dict(block)
     marker = content.pop("cache_control", None)
     key = json.dumps([part, first, content], ensure_ascii=False, sort_keys=True)
-    return _PromptBlock(key, count_tokens(key), _ttl(marker) if marker is not None else None)
+    return _PromptBlock(key, _key_tokens(key), _ttl(marker) if marker is not None else None)
 
 
 def cache_blocks(body: dict[str, Any]) -> list[_PromptBlock]:
