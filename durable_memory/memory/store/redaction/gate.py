@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sqlalchemy import Engine, delete, func
+from sqlalchemy import select as select_columns
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from durable_memory.memory.core.errors import UserBeingRedacted
@@ -78,8 +79,13 @@ class RedactionGate:
 
     def refuse_if_open(self, user_id: str) -> None:
         """UserBeingRedacted (retried) while a redaction of the user is under way."""
-        with Session(self.engine) as session:
-            row = session.get(RedactionUnderWayRow, user_id)
+        table = RedactionUnderWayRow.__table__  # type: ignore[attr-defined]
+        with self.engine.connect() as connection:  # a plain row: every turn asks twice
+            row = connection.execute(
+                select_columns(table.c.requested_by, table.c.started_at).where(
+                    table.c.user_id == user_id
+                )
+            ).first()
         if row is not None:
             raise UserBeingRedacted(
                 f"user '{user_id}' is being redacted (requested by {row.requested_by} at "
