@@ -9,6 +9,7 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -36,84 +37,110 @@ def _free_port() -> int:
         return port
 
 
-@contextmanager
-def running_postgres(bin_dir: Path) -> Iterator[str]:
-    """Start initdb + postgres in a temp dir; yield a SQLAlchemy URL; stop and delete after."""
-    root = Path(tempfile.mkdtemp(prefix="dmem-pg-"))
-    data = root / "data"
-    run_as: list[str] = []
-    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
-        owner = pwd.getpwnam("postgres")
-        os.chown(root, owner.pw_uid, owner.pw_gid)
-        run_as = ["runuser", "-u", "postgres", "--"]
-    port = _free_port()
-    subprocess.run(
-        [
-            *run_as,
-            str(bin_dir / "initdb"),
-            "-D",
-            str(data),
-            "-U",
-            "dmem",
-            "-A",
-            "trust",
-            "--no-sync",
-            "-E",
-            "UTF8",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    server = subprocess.Popen(
-        [
-            *run_as,
-            str(bin_dir / "postgres"),
-            "-D",
-            str(data),
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "-k",
-            str(root),
-            "-F",
-            "-c",
-            "max_connections=200",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            probe = subprocess.run(
-                [str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)],
-                capture_output=True,
-            )
-            if probe.returncode == 0:
-                break
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("PostgreSQL did not start")
-            time.sleep(0.1)
+class PostgresServer:
+    """A throwaway PostgreSQL cluster in a temp dir on a loopback port: `start()`, `url`,
+    `restart()` (the same data and port: what a database restart looks like to a client),
+    `stop()`."""
+
+    def __init__(self, bin_dir: Path) -> None:
+        self.bin_dir = bin_dir
+        self.root = Path(tempfile.mkdtemp(prefix="dmem-pg-"))
+        self.data = self.root / "data"
+        self.port = _free_port()
+        self.url = f"postgresql+psycopg://dmem@127.0.0.1:{self.port}/dmem_test"
+        self._run_as: list[str] = []
+        if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+            owner = pwd.getpwnam("postgres")
+            os.chown(self.root, owner.pw_uid, owner.pw_gid)
+            self._run_as = ["runuser", "-u", "postgres", "--"]
+        self._server: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """initdb, the server, and the test database."""
         subprocess.run(
             [
-                str(bin_dir / "createdb"),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "-U",
-                "dmem",
-                "dmem_test",
+                *self._run_as,
+                str(self.bin_dir / "initdb"),
+                *("-D", str(self.data), "-U", "dmem", "-A", "trust", "--no-sync", "-E", "UTF8"),
             ],
             check=True,
             capture_output=True,
         )
-        yield f"postgresql+psycopg://dmem@127.0.0.1:{port}/dmem_test"
+        self.serve()
+        subprocess.run(
+            [
+                str(self.bin_dir / "createdb"),
+                *("-h", "127.0.0.1", "-p", str(self.port), "-U", "dmem", "dmem_test"),
+            ],
+            check=True,
+            capture_output=True,
+        )
+
+    def serve(self) -> None:
+        """Start the server on the cluster made by `start` and wait until it accepts."""
+        self._server = subprocess.Popen(
+            [
+                *self._run_as,
+                str(self.bin_dir / "postgres"),
+                *("-D", str(self.data), "-h", "127.0.0.1", "-p", str(self.port)),
+                *("-k", str(self.root), "-F", "-c", "max_connections=200"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            probe = subprocess.run(
+                [str(self.bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
+                capture_output=True,
+            )
+            if probe.returncode == 0:
+                return
+            if self._server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("PostgreSQL did not start")
+            time.sleep(0.1)
+
+    def halt(self) -> None:
+        """Stop the server, closing every client's connection; the data stays."""
+        if self._server is not None:
+            # SIGINT: PostgreSQL's fast shutdown, which closes every client's connection (its
+            # SIGTERM waits for them to leave: a pool's idle connections never do). Sent to the
+            # postmaster itself: `runuser` in between does not pass SIGINT on.
+            try:
+                postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+                os.kill(postmaster, signal.SIGINT)
+            except (OSError, ValueError, IndexError):  # not running, or not yet
+                self._server.terminate()
+            self._server.wait(timeout=30)
+            self._server = None
+
+    def restart(self) -> None:
+        """Stop the server (every client connection is closed) and start it again on the same
+        data and port."""
+        self.halt()
+        self.serve()
+
+    def stop(self) -> None:
+        self.halt()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextmanager
+def running_postgres(bin_dir: Path) -> Iterator[str]:
+    """Start initdb + postgres in a temp dir; yield a SQLAlchemy URL; stop and delete after."""
+    with restartable_postgres(bin_dir) as server:
+        yield server.url
+
+
+@contextmanager
+def restartable_postgres(bin_dir: Path) -> Iterator[PostgresServer]:
+    """A server of its own (a test that restarts it must not share the session's)."""
+    server = PostgresServer(bin_dir)
+    try:
+        server.start()
+        yield server
     finally:
-        server.terminate()
-        server.wait(timeout=30)
-        shutil.rmtree(root, ignore_errors=True)
+        server.stop()
 
 
 def fresh_schema_url(url: str) -> str:
