@@ -32,8 +32,8 @@ One module over 300 lines because the server and its cache accounting are one st
 one API: the usage a reply reports is part of the reply.
 """
 
-import hashlib
 import functools
+import hashlib
 import itertools
 import json
 import threading

@@ -15,7 +15,7 @@ from sqlmodel import Field, Session, SQLModel, col, select
 
 from durable_memory.memory.core.errors import DiffAlreadyDecided, UnknownDiff
 from durable_memory.memory.core.ids import validate_diff_id
-from durable_memory.memory.store.sql import utc
+from durable_memory.memory.store.sql import reading, utc
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.operations import EditOperation
 
@@ -161,7 +161,7 @@ class DiffStore:
             col(PendingDiffRow.status) == DiffStatus.APPROVED.value,
             col(PendingDiffRow.commit_sha).is_(None),
         )
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             return [_to_model(row) for row in connection.execute(query)]
 
     def list(
@@ -178,7 +178,7 @@ class DiffStore:
         if label is not None:
             query = query.where(col(PendingDiffRow.label) == label)
         query = query.order_by(col(PendingDiffRow.created_at).desc()).limit(limit)
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             return [_to_model(row) for row in connection.execute(query)]
 
     def transition(

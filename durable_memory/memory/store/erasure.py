@@ -32,7 +32,7 @@ from durable_memory.memory.core.errors import (
 )
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.recall import RECALL_FTS
-from durable_memory.memory.store.sql import immediate, raw_sqlite, utc
+from durable_memory.memory.store.sql import immediate, raw_sqlite, reading, utc
 from durable_memory.models.turn import ErasureRecord
 
 USER_TABLES = (
@@ -173,7 +173,7 @@ class ErasureLedger:
         begun before the forget, or a request retried after it, writes nothing again. One
         query: every step of a turn asks."""
         table = ErasureRow.__table__  # type: ignore[attr-defined]
-        with self.engine.connect() as connection:  # plain rows: ORM objects cost 2-3x more
+        with reading(self.engine) as connection:  # plain rows: ORM objects cost 2-3x more
             rows = connection.execute(
                 select_columns(
                     table.c.requested_by,

@@ -21,6 +21,7 @@ from durable_memory.memory.store.sql import (
     postgres_text_index,
     postgres_text_query,
     postgres_text_vector,
+    reading,
     utc,
 )
 from durable_memory.models.limits import MAX_QUERY_TERMS
@@ -174,7 +175,7 @@ class RecallStore:
 
     def count(self, user_id: str) -> int:
         table = RecallMessageRow.__table__  # type: ignore[attr-defined]
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             counted: int = connection.execute(
                 select_columns(func.count()).where(table.c.user_id == user_id)
             ).scalar_one()
@@ -188,7 +189,7 @@ class RecallStore:
             .order_by(col(RecallMessageRow.id).desc())
             .limit(limit)
         )
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             return [_from_row(r) for r in reversed(connection.execute(query).all())]
 
     def turn(self, user_id: str, turn_id: str, from_seq: int = 0) -> list[RecallMessage]:
@@ -202,7 +203,7 @@ class RecallStore:
             )
             .order_by(col(RecallMessageRow.seq))
         )
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             return [_from_row(r) for r in connection.execute(query).all()]
 
     def after(self, user_id: str, after_id: int) -> list[RecallMessage]:
@@ -213,7 +214,7 @@ class RecallStore:
             .where(col(RecallMessageRow.user_id) == user_id, col(RecallMessageRow.id) > after_id)
             .order_by(col(RecallMessageRow.id))
         )
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             return [_from_row(r) for r in connection.execute(query).all()]
 
     def search(

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, event, func, make_url
+from sqlalchemy import ColumnElement, Connection, Engine, event, func, make_url
 from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlmodel import create_engine
 
@@ -97,6 +97,18 @@ def ping_when_idle(engine: Engine, idle_s: float) -> None:
         except Exception as dead:
             # The documented way to have the pool replace it (and retry the checkout).
             raise DisconnectionError(f"a pooled connection is dead: {dead}") from dead
+
+
+@contextlib.contextmanager
+def reading(engine: Engine) -> Iterator[Connection]:
+    """A connection for one read statement. On PostgreSQL it runs in autocommit: a single
+    statement sees one snapshot either way, and a transaction around it cost two more round
+    trips (BEGIN, then ROLLBACK at the end: ~130 us of a ~280 us read, some 18 reads a turn).
+    Not for several statements that must agree with each other: those take a transaction."""
+    with engine.connect() as connection:
+        if engine.dialect.name == "postgresql":
+            connection = connection.execution_options(isolation_level="AUTOCOMMIT")
+        yield connection
 
 
 def create_sql_engine(url: str, *, ping_after_idle_s: float = PING_AFTER_IDLE_S) -> Engine:

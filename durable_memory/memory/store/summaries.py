@@ -10,6 +10,8 @@ from sqlalchemy import Engine, UniqueConstraint
 from sqlalchemy import select as select_columns
 from sqlmodel import Field, Session, SQLModel, col, select
 
+from durable_memory.memory.store.sql import reading
+
 
 class ConversationSummaryRow(SQLModel, table=True):
     __tablename__ = "conversation_summaries"
@@ -28,7 +30,7 @@ class SummaryStore:
 
     def latest(self, user_id: str) -> tuple[int, str] | None:
         """(id of the last message covered, summary text), or None."""
-        with self.engine.connect() as connection:  # a plain row: every turn asks
+        with reading(self.engine) as connection:  # a plain row: every turn asks
             row = connection.execute(
                 select_columns(
                     col(ConversationSummaryRow.through_message_id),

@@ -21,7 +21,7 @@ from sqlalchemy import Connection, Engine, Table, event, inspect, text
 from sqlalchemy import select as select_columns
 from sqlmodel import Field, Session, SQLModel, col, func, select
 
-from durable_memory.memory.store.sql import utc
+from durable_memory.memory.store.sql import reading, utc
 from durable_memory.models.context import CompiledContext, PromptBase
 from durable_memory.models.llm import ModelReply, TokenUsage
 
@@ -80,7 +80,7 @@ class TurnStore:
     def _stored(self, row_type: type[SQLModel], column: str, key: dict[str, Any]) -> str | None:
         """`column` of the row with primary key `key`, None if there is none."""
         table = _table(row_type)
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             found: str | None = connection.execute(
                 select_columns(table.c[column]).where(*(table.c[k] == v for k, v in key.items()))
             ).scalar()
@@ -158,7 +158,7 @@ class TurnStore:
         """When the user's newest model reply was stored (in UTC), None before the first: how
         long the prompt cache has gone unread (memory/agent/context.py)."""
         table = _table(TurnStepRow)
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             newest = connection.execute(
                 select_columns(func.max(table.c.created_at)).where(table.c.user_id == user_id)
             ).scalar()
@@ -200,7 +200,7 @@ class PromptBaseStore:
 
     def get(self, user_id: str) -> PromptBase | None:
         table = _table(PromptBaseRow)
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             row = connection.execute(
                 select_columns(table.c.commit_sha, table.c.summarized_through_message_id).where(
                     table.c.user_id == user_id

@@ -34,6 +34,7 @@ from sqlmodel import Column, Field, Session, SQLModel, col, select
 
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.erasure import ErasureLedger, user_hash
+from durable_memory.memory.store.sql import reading
 
 REGISTER_BATCH = 1000
 
@@ -66,7 +67,7 @@ class UserDirectory:
         # In batches: a statement's bound parameters are limited (SQLite: 32766).
         for start in range(0, len(ids), REGISTER_BATCH):
             batch = ids[start : start + REGISTER_BATCH]
-            with self.engine.connect() as conn:
+            with reading(self.engine) as conn:
                 found = set(
                     conn.execute(
                         select_columns(table.c.user_id).where(table.c.user_id.in_(batch))

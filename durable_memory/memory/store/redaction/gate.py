@@ -24,7 +24,7 @@ from durable_memory.memory.core.errors import UserBeingRedacted
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.diffs import PendingDiffRow
 from durable_memory.memory.store.recall import RecallMessageRow
-from durable_memory.memory.store.sql import utc
+from durable_memory.memory.store.sql import reading, utc
 from durable_memory.memory.store.turns import TurnContextRow, TurnStepRow
 from durable_memory.models.diffs import DiffStatus, Proposer
 from durable_memory.models.llm import ModelReply
@@ -80,7 +80,7 @@ class RedactionGate:
     def refuse_if_open(self, user_id: str) -> None:
         """UserBeingRedacted (retried) while a redaction of the user is under way."""
         table = RedactionUnderWayRow.__table__  # type: ignore[attr-defined]
-        with self.engine.connect() as connection:  # a plain row: every turn asks twice
+        with reading(self.engine) as connection:  # a plain row: every turn asks twice
             row = connection.execute(
                 select_columns(table.c.requested_by, table.c.started_at).where(
                     table.c.user_id == user_id
