@@ -70,6 +70,7 @@ from durable_memory.workers.worker import (
     activities_for,
     freeze_startup_objects,
 )
+from durable_memory.workflows.common import offer_turn_settings
 
 Turn = Callable[[int, str], Awaitable[None]]
 
@@ -274,6 +275,7 @@ async def main_async(turns: int, user_counts: list[int], leg_turns: int, out: Pa
         model = AnthropicModel(base_url=model_url)
         floor_activities = FloorActivities(model_url)
         timer = StepTimer()
+        offer_turn_settings("bench", settings.turn_settings())  # as build_worker does
         worker = Worker(
             env.client,
             task_queue="bench",

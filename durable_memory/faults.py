@@ -9,6 +9,9 @@ import os
 import signal
 from pathlib import Path
 
+MID_START = "mid_start_turn"
+"""`dmem.start_turn`: the user's message is recorded and the turn's context stored; the model
+is not called yet."""
 AFTER_MODEL_CALL = "after_model_call"
 """The model's reply is stored; its messages are not yet in recall."""
 MID_COMMIT = "mid_commit"

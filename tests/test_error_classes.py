@@ -344,13 +344,16 @@ async def test_an_activity_past_its_timeout_on_every_attempt_ends_the_turn(
     settings = rig_settings(tmp_path / "data")
     retry = QUICK.model_copy(update={"maximum_attempts": 3})
     short = ActivitySettings(start_to_close_s=1, retry=retry)
-    settings = settings.model_copy(update={"activities": ActivitiesSettings(memory=short)})
+    # The turn's first activity (prepare, then the first model call) has a model call's
+    # options: those are the ones it must outlast on every attempt.
+    short_steps = ActivitiesSettings(memory=short, model_call=short)
+    settings = settings.model_copy(update={"activities": short_steps})
     async with running_rig(temporal_env.client, settings, []) as rig:
         rig.stack.blocks.ensure_user("alice")
         with _held_repository(rig.stack, "alice"):
             turn = await _failed_turn(rig, "alice", "t1")
-        assert turn.attempts["dmem.prepare_turn"] == 3
-        assert "dmem.prepare_turn" in turn.failure
+        assert turn.attempts["dmem.start_turn"] == 3
+        assert "dmem.start_turn" in turn.failure
         assert "timed out" in turn.failure.lower()
 
 
@@ -366,13 +369,9 @@ async def test_the_server_holds_policies_naming_the_final_types(
     settings = settings.model_copy(update={"activities": activities})
     async with running_rig(temporal_env.client, settings, []) as rig:  # no reply scripted
         turn = await _failed_turn(rig, "alice", "t1")
-    assert turn.attempts == {
-        "dmem.turn_settings": 1,  # a local activity too: the worker's settings
-        "dmem.prepare_turn": 1,
-        "dmem.call_model": 1,
-    }
+    assert turn.attempts == {"dmem.start_turn": 1}  # prepare and the model call, in one
     assert "ModelCallError: model API error 400" in turn.failure
     final = final_error_types()
     assert {"UnknownDiff", "DiffAlreadyDecided"} <= set(final)
     assert "ModelCallError" not in final
-    assert turn.final_types == {"dmem.call_model": final}
+    assert turn.final_types == {"dmem.start_turn": final}

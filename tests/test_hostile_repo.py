@@ -384,7 +384,7 @@ async def test_a_turn_on_a_hostile_repository_fails_cleanly_and_the_next_succeed
         before = snapshot(rig.stack)
         with pytest.raises(DurableMemoryError) as told:
             await rig.client.send_message("alice", "hi", turn_id="h1")
-        assert "dmem.prepare_turn failed: UnsafeFile: users/alice/blocks/student.toml" in str(
+        assert "dmem.start_turn failed: UnsafeFile: users/alice/blocks/student.toml" in str(
             told.value
         )
         with pytest.raises(WorkflowFailureError) as failed:

@@ -1,8 +1,11 @@
-"""The turn's cheap steps run as local activities (patch `local-turn-steps`): the model call
-is the only regular activity on the way to the reply, in a plain turn and in a tool-using
-one; a turn with nothing to finish skips finish_turn; and what the local steps store is all
-there (recall holds the message, the tool results and the replies). Crashes inside them:
-tests/test_faults.py (a SIGKILL at `before:`/`after:` each step), tests/test_kill_campaign.py."""
+"""A turn's first activity prepares it and makes the first model call (patch
+`one-activity-start`), and its other cheap steps run as local activities (patch
+`local-turn-steps`): a plain reply runs one activity and no local one; a tool-using turn runs
+the model calls as regular activities and the tools and the finish locally; a turn with
+nothing to finish skips finish_turn; and what the steps store is all there (recall holds the
+message, the tool results and the replies). Crashes inside them: tests/test_faults.py (a
+SIGKILL at `before:`/`after:` each step and between prepare and the first model call),
+tests/test_kill_campaign.py."""
 
 from pathlib import Path
 from typing import Any
@@ -27,7 +30,7 @@ async def _history_types(env: WorkflowEnvironment, workflow_id: str) -> tuple[li
     return scheduled_activity_types(history.events), local_activity_types(history.events)
 
 
-async def test_a_plain_reply_runs_one_regular_activity(
+async def test_a_plain_reply_runs_one_activity_and_no_local_one(
     temporal_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
     async with running_rig(
@@ -38,10 +41,11 @@ async def test_a_plain_reply_runs_one_regular_activity(
         assert reply.diffs == []
         scheduled, local = await _history_types(temporal_env, reply.workflow_id)
         # Nothing proposed, no step limit: nothing to finish.
-        assert scheduled == ["dmem.call_model"]
-        assert local == ["dmem.turn_settings", "dmem.prepare_turn"]
+        assert scheduled == ["dmem.start_turn"]
+        assert local == []
         found = rig.stack.recall.search("ada", "robots")
-        assert found.total >= 1  # prepare_turn recorded the message
+        assert found.total >= 1  # start_turn recorded the message
+        assert rig.stack.recall.turn("ada", "p1")[-1].content == "Hello, Ada."
 
 
 async def test_a_tool_turn_runs_the_tools_and_the_finish_locally(
@@ -57,10 +61,8 @@ async def test_a_tool_turn_runs_the_tools_and_the_finish_locally(
         assert reply.reply == "Noted, Ada."
         assert len(reply.diffs) == 1
         scheduled, local = await _history_types(temporal_env, reply.workflow_id)
-        assert scheduled == ["dmem.call_model"] * 3
+        assert scheduled == ["dmem.start_turn", "dmem.call_model", "dmem.call_model"]
         assert local == [
-            "dmem.turn_settings",
-            "dmem.prepare_turn",
             "dmem.run_tools",
             "dmem.run_tools",
             "dmem.finish_turn",

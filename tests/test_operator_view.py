@@ -234,20 +234,21 @@ async def test_a_diff_id_finds_its_turn_and_preview_with_temporal_alone(
 async def test_a_failed_turn_names_its_step(
     temporal_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
-    """A model that answers with an error the API says not to retry fails the turn at
-    `dmem.call_model`: the operator's filter `DmemFailedStep` finds it."""
+    """A model that answers with an error the API says not to retry fails the turn at its
+    first activity, `dmem.start_turn` (prepare and the first model call): the operator's
+    filter `DmemFailedStep` finds it."""
     script: list[dict[str, Any]] = [{"status": 400, "error_type": "invalid_request_error"}]
     settings = rig_settings(tmp_path / "data")
     async with running_rig(temporal_env.client, settings, script) as rig:
-        with pytest.raises(Exception, match="call_model"):
+        with pytest.raises(Exception, match="start_turn"):
             await rig.client.send_message("fay", "Hi", turn_id="f1")
-        query = "DmemUserId = 'fay' AND DmemTurnStatus = 'failed' AND DmemFailedStep = 'dmem.call_model'"
+        query = "DmemUserId = 'fay' AND DmemTurnStatus = 'failed' AND DmemFailedStep = 'dmem.start_turn'"
         found = await listed_workflow_ids(temporal_env.client, query)
         handle = temporal_env.client.get_workflow_handle(found[0])
         assert (await handle.describe()).typed_search_attributes.get(FAILED_STEP) == (
-            "dmem.call_model"
+            "dmem.start_turn"
         )
-        assert (await current_details(handle)).startswith("**Turn failed**: dmem.call\\_model")
+        assert (await current_details(handle)).startswith("**Turn failed**: dmem.start\\_turn")
 
 
 def test_summaries_are_cut_at_word_boundaries() -> None:

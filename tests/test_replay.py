@@ -22,6 +22,7 @@ from durable_memory.workflows.turn import (
     ANSWER_BEFORE_ROTATION_CHECK,
     GIT_REMOTE_WAIT,
     LOCAL_TURN_STEPS,
+    ONE_ACTIVITY_START,
     OPERATOR_SEARCH_ATTRIBUTES,
     ROTATION_CHECK_AFTER_STANDING_APPROVALS,
     WORKER_TURN_SETTINGS,
@@ -44,6 +45,7 @@ def _patches(path: Path) -> set[str]:
 def test_there_are_histories_to_replay() -> None:
     assert {h.name for h in HISTORIES} >= {
         "turn_approve_reject_expire.json",
+        "turn_approve_reject_expire_before_one_activity_start.json",
         "turn_approve_reject_expire_before_local_turn_steps.json",
         "turn_approve_reject_expire_before_git_remote_wait.json",
         "turn_approve_reject_expire_before_worker_settings.json",
@@ -56,9 +58,17 @@ def test_there_are_histories_to_replay() -> None:
         "redaction_before_waiting_for_writers.json",
         "turn_standing_approval.json",
         "turn_standing_approval_before_rotation_check.json",
+        "turn_standing_approval_before_one_activity_start.json",
     }
     here = HISTORIES[0].parent
+    # A turn under one-activity-start no longer asks for the two patches it replaces.
     assert _patches(here / "turn_approve_reject_expire.json") == {
+        ANSWER_BEFORE_ROTATION_CHECK,
+        OPERATOR_SEARCH_ATTRIBUTES,
+        GIT_REMOTE_WAIT,
+        ONE_ACTIVITY_START,
+    }
+    assert _patches(here / "turn_approve_reject_expire_before_one_activity_start.json") == {
         ANSWER_BEFORE_ROTATION_CHECK,
         OPERATOR_SEARCH_ATTRIBUTES,
         WORKER_TURN_SETTINGS,
@@ -91,9 +101,14 @@ def test_there_are_histories_to_replay() -> None:
     assert _patches(here / "redaction_before_waiting_for_writers.json") == set()
     standing_before = {OPERATOR_SEARCH_ATTRIBUTES, WORKER_TURN_SETTINGS, LOCAL_TURN_STEPS}
     assert _patches(here / "turn_standing_approval_before_rotation_check.json") == standing_before
-    assert _patches(here / "turn_standing_approval.json") == {
+    assert _patches(here / "turn_standing_approval_before_one_activity_start.json") == {
         *standing_before,
         ROTATION_CHECK_AFTER_STANDING_APPROVALS,
+    }
+    assert _patches(here / "turn_standing_approval.json") == {
+        OPERATOR_SEARCH_ATTRIBUTES,
+        ROTATION_CHECK_AFTER_STANDING_APPROVALS,
+        ONE_ACTIVITY_START,
     }
 
 

@@ -91,15 +91,13 @@ async def test_a_turn_with_only_the_callers_fields_runs_with_the_workers_setting
         for e in events
         if e.HasField("activity_task_scheduled_event_attributes")
     ]
-    # The cheap steps run as local activities (patch local-turn-steps): markers, whose options
-    # the history does not record; they take the same `memory` options as before.
-    assert set(scheduled_activity_types(events)) == {"dmem.call_model", "dmem.expire_diffs"}
-    assert set(local_activity_types(events)) >= {
-        "dmem.turn_settings",
-        "dmem.prepare_turn",
-        "dmem.run_tools",
-        "dmem.finish_turn",
-    }
+    # The first activity (patch one-activity-start) prepares and makes the first model call,
+    # with a model call's options, those the worker offered; the other cheap steps run as
+    # local activities (patch local-turn-steps): markers, whose options the history does not
+    # record; they take the same `memory` options as before.
+    kinds = {"dmem.start_turn", "dmem.call_model", "dmem.expire_diffs"}
+    assert set(scheduled_activity_types(events)) == kinds
+    assert set(local_activity_types(events)) == {"dmem.run_tools", "dmem.finish_turn"}
     for activity in scheduled:  # every regular step took the worker's options
         assert activity.start_to_close_timeout.ToTimedelta() == timedelta(seconds=17)
         assert activity.retry_policy.maximum_attempts == 4

@@ -30,6 +30,7 @@ from durable_memory.models.turn import (
     PreparedTurn,
     ProposedDiff,
     RotationCandidate,
+    StartedTurn,
     StepInput,
     ToolStepResult,
     TurnInput,
@@ -71,6 +72,13 @@ class StandInActivities:
     async def prepare_turn(self, turn: TurnInput) -> PreparedTurn:
         self.calls.append(("prepare_turn", turn.message))
         return PreparedTurn(total_tokens=100, share_used=0.1)
+
+    @activity.defn(name="dmem.start_turn")
+    async def start_turn(self, turn: TurnInput) -> StartedTurn:
+        """Prepare and the first model call, as the real one does."""
+        prepared = await self.prepare_turn(turn)
+        first = await self.call_model(StepInput(user_id=turn.user_id, turn_id=turn.turn_id, step=1))
+        return StartedTurn(settings=self.settings, prepared=prepared, first=first)
 
     @activity.defn(name="dmem.call_model")
     async def call_model(self, step: StepInput) -> ModelStepResult:
@@ -123,6 +131,7 @@ class StandInActivities:
         return [
             self.turn_settings,
             self.prepare_turn,
+            self.start_turn,
             self.call_model,
             self.run_tools,
             self.finish_turn,

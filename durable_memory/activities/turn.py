@@ -8,6 +8,7 @@ from temporalio import activity
 
 from durable_memory.activities.errors import classified_errors
 from durable_memory.bootstrap import MemoryStack
+from durable_memory.faults import MID_START, crash_point
 from durable_memory.memory.agent.steps import TurnSteps
 from durable_memory.memory.core.errors import DiffAlreadyDecided
 from durable_memory.memory.store.redaction.gate import RedactionGate
@@ -20,6 +21,7 @@ from durable_memory.models.turn import (
     ModelStepResult,
     PreparedTurn,
     RotationCandidate,
+    StartedTurn,
     StepInput,
     ToolStepResult,
     TurnInput,
@@ -74,6 +76,24 @@ class TurnActivities:
             prepared = self.steps.prepare(turn)
             self.redaction_gate.admit_turn(turn.user_id, turn.turn_id)
             return prepared
+
+    @activity.defn(name="dmem.start_turn")
+    def start_turn(self, turn: TurnInput) -> StartedTurn:
+        """A turn's first activity: `prepare_turn` then the first model call, and the
+        deployment's settings for the turn. One activity, so a turn's first workflow task
+        runs no local activity at all (each cost ~2-4 ms of SDK round trips, more than
+        prepare's own work); each half is idempotent as before, so a retry after a crash
+        anywhere in it finds the stored context and the stored reply (docs/temporal.md,
+        "The first step")."""
+        with classified_errors(), self.stack.git.pinned():
+            self.redaction_gate.admit_turn(turn.user_id, turn.turn_id)
+            prepared = self.steps.prepare(turn)
+            self.redaction_gate.admit_turn(turn.user_id, turn.turn_id)
+            crash_point(MID_START)
+            first = self.steps.call_model(
+                StepInput(user_id=turn.user_id, turn_id=turn.turn_id, step=1)
+            )
+            return StartedTurn(settings=self.settings, prepared=prepared, first=first)
 
     @activity.defn(name="dmem.call_model")
     def call_model(self, step: StepInput) -> ModelStepResult:

@@ -196,6 +196,18 @@ class PreparedTurn(BaseModel):
     result recorded before turns reported it."""
 
 
+class StartedTurn(BaseModel):
+    """What a turn's first activity (`dmem.start_turn`: prepare and the first model call)
+    returns: the deployment's settings the turn then runs with, as `dmem.turn_settings`
+    gives them, the prepared turn, and the first model step."""
+
+    model_config = ConfigDict(frozen=True)
+
+    settings: WorkerTurnSettings
+    prepared: PreparedTurn
+    first: "ModelStepResult"
+
+
 class StepInput(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -389,6 +401,7 @@ DECISION_OF_STATUS: dict[DiffStatus, Literal["approve", "reject"]] = {
 """The decision each decided status records (`DecisionOutcome.decision`)."""
 
 ProposedDiff.model_rebuild()
+StartedTurn.model_rebuild()
 
 
 class DiffView(BaseModel):

@@ -22,7 +22,7 @@ from durable_memory.activities.turn import TurnActivities
 from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.config import ConfigError, Settings
 from durable_memory.memory.agent.steps import ChatModel
-from durable_memory.workflows.common import SEARCH_ATTRIBUTES
+from durable_memory.workflows.common import SEARCH_ATTRIBUTES, offer_turn_settings
 from durable_memory.workflows.forget import ForgetWorkflow
 from durable_memory.workflows.redact import RedactWorkflow
 from durable_memory.workflows.rotation import RotationSweepWorkflow, RotationWorkflow
@@ -70,6 +70,7 @@ def activities_for(
     return [
         turns.turn_settings,
         turns.prepare_turn,
+        turns.start_turn,
         turns.call_model,
         turns.run_tools,
         turns.finish_turn,
@@ -109,6 +110,7 @@ def build_worker(
     settings (step limit, approval TTL, activity timeouts and retries). The in-process test
     rigs pass the default sandbox (`STRICT_WORKFLOW_RUNNER`), whose checks then cover every
     path the tests drive through our workflow code."""
+    offer_turn_settings(settings.temporal.task_queue, settings.turn_settings())
     return Worker(
         client,
         task_queue=settings.temporal.task_queue,

@@ -58,11 +58,13 @@ with workflow.unsafe.imports_passed_through():
         DiffView,
         FinishedTurn,
         FinishInput,
+        ModelStepResult,
         ProposedDiff,
         RejectedSignals,
         RotationCandidate,
         RotationInput,
         SignalledDecision,
+        StartedTurn,
         StepInput,
         TurnInput,
         TurnOutcome,
@@ -80,6 +82,7 @@ with workflow.unsafe.imports_passed_through():
         USER_ID,
         activity_options,
         backoff_delays,
+        offered_turn_settings,
         worker_settings,
     )
     from durable_memory.workflows.decision_queue import DecisionQueue, QueuedDecision
@@ -143,6 +146,15 @@ expiry and the rotation check stay regular activities. Why that keeps every guar
 docs/temporal.md ("Local steps"). A turn that proposed no diff and did not stop at the step
 limit has nothing to finish and skips finish_turn. Turns started before the patch schedule
 every step as a regular activity."""
+
+ONE_ACTIVITY_START = "one-activity-start"
+"""Patch: a turn's first activity, `dmem.start_turn`, prepares the turn, makes the first model
+call and returns the deployment's settings: the first workflow task runs no local activity
+(the settings and prepare steps cost ~2-4 ms of SDK round trips each, more than prepare's own
+work). Its options come from the settings the worker offered for its task queue (options are
+not replay-checked); everything else from the recorded result. Turns started before it fetch
+the settings and prepare as local activities (`worker-turn-settings`, `local-turn-steps`).
+Why a crash anywhere in it costs nothing: docs/temporal.md ("The first step")."""
 
 ROTATION_CHECK_AFTER_STANDING_APPROVALS = "rotation-check-after-standing-approvals"
 """Patch: a block that a standing approval changed during the turn is checked for rotation
@@ -216,14 +228,24 @@ class TurnWorkflow:
                 PENDING_DIFFS.value_set(0),
             ]
         )
-        settings = await self._turn_settings(turn)
-        self._local_steps = workflow.patched(LOCAL_TURN_STEPS)
-        prepared = await self._memory_step(
-            TurnActivities.prepare_turn, turn, "record the message, compile context"
-        )
+        first: ModelStepResult | None = None
+        if workflow.patched(ONE_ACTIVITY_START):
+            started = await self._start(turn)
+            settings, prepared, first = (
+                self._settings_of(turn, started),
+                started.prepared,
+                started.first,
+            )
+            self._local_steps = True
+        else:
+            settings = await self._turn_settings(turn)
+            self._local_steps = workflow.patched(LOCAL_TURN_STEPS)
+            prepared = await self._memory_step(
+                TurnActivities.prepare_turn, turn, "record the message, compile context"
+            )
         if prepared.profile is not None:
             self._upsert_for_operators(PROFILE.value_set(prepared.profile))
-        text, stopped = await self._steps(turn)
+        text, stopped = await self._steps(turn, first)
         finished = await self._finish(turn, stopped)
         reply = turn_reply(text, stopped, settings.max_steps)
         self._reply = TurnReply(
@@ -262,6 +284,25 @@ class TurnWorkflow:
             decisions=list(self._outcomes.values()),
             status=final,
         )
+
+    async def _start(self, turn: TurnInput) -> StartedTurn:
+        """The first activity (patch `one-activity-start`), with the options of a model call
+        as the worker polling this task queue configured them (the built-in defaults, or the
+        input's, where none were offered)."""
+        offered = offered_turn_settings()
+        options = turn.settings_under(offered) if offered else turn.legacy_settings()
+        return await workflow.execute_activity_method(
+            TurnActivities.start_turn,
+            turn,
+            summary="record the message, compile context, model call 1",
+            **activity_options(options.activities.model_call),
+        )
+
+    def _settings_of(self, turn: TurnInput, started: StartedTurn) -> WorkerTurnSettings:
+        """The settings the turn runs with from here on: those its first activity recorded,
+        lowered where the caller asked."""
+        self._settings = turn.settings_under(started.settings)
+        return self._settings
 
     async def _turn_settings(self, turn: TurnInput) -> WorkerTurnSettings:
         """The settings this turn runs with, fixed for its whole run (see the patch)."""
@@ -338,19 +379,23 @@ class TurnWorkflow:
         await workflow.wait_condition(workflow.all_handlers_finished)
         raise failure
 
-    async def _steps(self, turn: TurnInput) -> tuple[str, bool]:
+    async def _steps(self, turn: TurnInput, first: ModelStepResult | None) -> tuple[str, bool]:
         """The agent loop: (last reply text, stopped at the step limit); the diffs it proposes
-        are collected in `self._proposed`."""
+        are collected in `self._proposed`. `first`: the first model step, if the turn's first
+        activity made it."""
         text = ""
         assert self._settings is not None
         for step in range(1, self._settings.max_steps + 1):
             where = StepInput(user_id=turn.user_id, turn_id=turn.turn_id, step=step)
-            result = await workflow.execute_activity_method(
-                TurnActivities.call_model,
-                where,
-                summary=f"model call {step}",
-                **activity_options(self._activities.model_call),
-            )
+            if step == 1 and first is not None:
+                result = first
+            else:
+                result = await workflow.execute_activity_method(
+                    TurnActivities.call_model,
+                    where,
+                    summary=f"model call {step}",
+                    **activity_options(self._activities.model_call),
+                )
             text = result.text
             self._usage += result.usage
             self._show_details()
