@@ -59,6 +59,7 @@ from bench.floor import (
     FloorModelCallWorkflow,
 )
 from bench.floor_activities import FloorActivities
+from durable_memory.activities.offered_settings import offer_turn_settings
 from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.client import MemoryClient
 from durable_memory.memory.agent.llm import AnthropicModel
@@ -70,7 +71,6 @@ from durable_memory.workers.worker import (
     activities_for,
     freeze_startup_objects,
 )
-from durable_memory.workflows.common import offer_turn_settings
 
 Turn = Callable[[int, str], Awaitable[None]]
 

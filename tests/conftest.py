@@ -1,4 +1,3 @@
-import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from durable_memory.workers.dev_server import DEV_SERVER_ARGS, DEV_SERVER_STARTU
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
 from tests.support.distributed import distributed_settings, git_server
 from tests.support.memory import MemoryRig, memory_rig
-from tests.support.postgres import find_pg_bin, fresh_schema_url, running_postgres
+from tests.support.postgres import fresh_schema_url, required_pg_bin, running_postgres
 from tests.support.temporal_helpers import rig_settings, start_time_skipping_env
 
 
@@ -44,12 +43,7 @@ async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
 
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
-    bin_dir = find_pg_bin()
-    if bin_dir is None:
-        if os.environ.get("DMEM_REQUIRE_POSTGRES") or os.environ.get("CI"):
-            pytest.fail("PostgreSQL binaries not found; install Debian's postgresql package")
-        pytest.skip("PostgreSQL binaries not found (install Debian's postgresql package)")
-    with running_postgres(bin_dir) as url:
+    with running_postgres(required_pg_bin()) as url:
         yield url
 
 

@@ -8,7 +8,6 @@ made before, so the next calls succeed. A database that is down gives a transien
 once, never a hang. Each test runs its own server (it restarts it), not the session's.
 """
 
-import os
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -24,7 +23,7 @@ from durable_memory.memory.store.redaction.gate import RedactionGate
 from durable_memory.memory.store.sql import PING_AFTER_IDLE_S, create_sql_engine
 from durable_memory.memory.store.users import UserDirectory
 from durable_memory.models.recall import MessageRole, NewMessage
-from tests.support.postgres import PostgresServer, find_pg_bin, restartable_postgres
+from tests.support.postgres import PostgresServer, required_pg_bin, restartable_postgres
 
 pytestmark = pytest.mark.postgres
 
@@ -34,12 +33,7 @@ POOLED = 3
 
 @pytest.fixture
 def server() -> Iterator[PostgresServer]:
-    bin_dir = find_pg_bin()
-    if bin_dir is None:
-        if os.environ.get("DMEM_REQUIRE_POSTGRES") or os.environ.get("CI"):
-            pytest.fail("PostgreSQL binaries not found; install Debian's postgresql package")
-        pytest.skip("PostgreSQL binaries not found (install Debian's postgresql package)")
-    with restartable_postgres(bin_dir) as running:
+    with restartable_postgres(required_pg_bin()) as running:
         yield running
 
 

@@ -16,13 +16,14 @@ from temporalio.worker import Worker, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from durable_memory.activities.forget import ForgetActivities
+from durable_memory.activities.offered_settings import offer_turn_settings
 from durable_memory.activities.redact import RedactActivities
 from durable_memory.activities.rotation import RotationActivities, SweepActivities
 from durable_memory.activities.turn import TurnActivities
 from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.config import ConfigError, Settings
 from durable_memory.memory.agent.steps import ChatModel
-from durable_memory.workflows.common import SEARCH_ATTRIBUTES, offer_turn_settings
+from durable_memory.workflows.common import SEARCH_ATTRIBUTES
 from durable_memory.workflows.forget import ForgetWorkflow
 from durable_memory.workflows.redact import RedactWorkflow
 from durable_memory.workflows.rotation import RotationSweepWorkflow, RotationWorkflow

@@ -45,28 +45,6 @@ def activity_options(
     }
 
 
-_OFFERED: dict[str, WorkerTurnSettings] = {}
-"""Task queue -> the turn settings of the worker polling it in this process (`offer`)."""
-
-
-def offer_turn_settings(task_queue: str, settings: WorkerTurnSettings) -> None:
-    """A worker's turn settings, for the options of the turns' first activity (`build_worker`
-    offers them for its task queue)."""
-    _OFFERED[task_queue] = settings
-
-
-def offered_turn_settings() -> WorkerTurnSettings | None:
-    """The settings offered for the running workflow's task queue in this process, if any.
-
-    Only for activity options: a turn's first activity (`dmem.start_turn`) needs a timeout
-    and retry policy before the turn has recorded the deployment's settings (that activity
-    records them). An activity's options are not part of what replay checks (Temporal lets
-    timeouts and retry policies change under running workflows), so a replay in a process
-    with other settings, or none, issues the same commands. Everything that steers the turn
-    (step limit, approval TTL, later steps' options) comes from the recorded result."""
-    return _OFFERED.get(workflow.info().task_queue)
-
-
 WORKER_SETTINGS_TIMEOUT = timedelta(seconds=10)
 WORKER_SETTINGS_RETRY = RetryPolicy(maximum_attempts=3)
 """The options of the step that fetches the worker's settings, so fixed here: it only reads

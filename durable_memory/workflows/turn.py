@@ -39,6 +39,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 from temporalio.types import MethodSyncSingleParam
 
 with workflow.unsafe.imports_passed_through():
+    from durable_memory.activities.offered_settings import offered_turn_settings
     from durable_memory.activities.turn import TurnActivities
     from durable_memory.memory.agent.steps import turn_reply
     from durable_memory.memory.core.errors import (
@@ -82,7 +83,6 @@ with workflow.unsafe.imports_passed_through():
         USER_ID,
         activity_options,
         backoff_delays,
-        offered_turn_settings,
         worker_settings,
     )
     from durable_memory.workflows.decision_queue import DecisionQueue, QueuedDecision
@@ -231,12 +231,9 @@ class TurnWorkflow:
         first: ModelStepResult | None = None
         if workflow.patched(ONE_ACTIVITY_START):
             started = await self._start(turn)
-            settings, prepared, first = (
-                self._settings_of(turn, started),
-                started.prepared,
-                started.first,
-            )
-            self._local_steps = True
+            settings = self._settings_of(turn, started)
+            prepared, first = started.prepared, started.first
+            self._local_steps = True  # the later cheap steps run locally, as in the patch
         else:
             settings = await self._turn_settings(turn)
             self._local_steps = workflow.patched(LOCAL_TURN_STEPS)

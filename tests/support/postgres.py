@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from sqlalchemy import create_engine
 
 
@@ -28,6 +29,17 @@ def find_pg_bin() -> Path | None:
         return Path(candidates[0]).parent
     initdb = shutil.which("initdb")
     return Path(initdb).parent if initdb else None
+
+
+def required_pg_bin() -> Path:
+    """The PostgreSQL binaries' directory; missing, the test is skipped, or failed where
+    PostgreSQL is required (CI, DMEM_REQUIRE_POSTGRES)."""
+    bin_dir = find_pg_bin()
+    if bin_dir is None:
+        if os.environ.get("DMEM_REQUIRE_POSTGRES") or os.environ.get("CI"):
+            pytest.fail("PostgreSQL binaries not found; install Debian's postgresql package")
+        pytest.skip("PostgreSQL binaries not found (install Debian's postgresql package)")
+    return bin_dir
 
 
 def _free_port() -> int:
