@@ -12,6 +12,13 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from durable_memory.activities.offered_settings import offer_turn_settings
+from durable_memory.config import Settings
+from durable_memory.models.activity_settings import (
+    ActivitiesSettings,
+    ActivitySettings,
+    RetrySettings,
+)
 from durable_memory.workers.worker import WORKFLOWS
 from durable_memory.workflows.redact import WAIT_FOR_WRITERS
 from durable_memory.workflows.rotation import (
@@ -117,4 +124,25 @@ async def test_history_replays(path: Path) -> None:
     history = WorkflowHistory.from_json(path.stem, path.read_text(encoding="utf-8"))
     replayer = Replayer(workflows=list(WORKFLOWS), data_converter=pydantic_data_converter)
     result = await replayer.replay_workflow(history)
+    assert result.replay_failure is None
+
+
+async def test_a_turn_replays_whatever_first_activity_options_its_worker_offers() -> None:
+    """The first activity's options come from the settings the replaying process offers for
+    the task queue (`one-activity-start`): a worker configured otherwise, or none, must
+    replay the same history (activity options are not part of what replay checks)."""
+    path = Path(__file__).parent / "histories" / "turn_approve_reject_expire.json"
+    events = json.loads(path.read_text(encoding="utf-8"))["events"]
+    started = events[0]["workflowExecutionStartedEventAttributes"]
+    scheduled = next(e for e in events if "activityTaskScheduledEventAttributes" in e)
+    recorded = scheduled["activityTaskScheduledEventAttributes"]
+    assert recorded["activityType"]["name"] == "dmem.start_turn"
+    assert recorded["startToCloseTimeout"] != "7s"
+    odd = ActivitySettings(start_to_close_s=7, retry=RetrySettings(maximum_attempts=2))
+    offered = Settings().turn_settings()
+    offered = offered.model_copy(update={"activities": ActivitiesSettings(model_call=odd)})
+    offer_turn_settings(started["taskQueue"]["name"], offered)
+    history = WorkflowHistory.from_json(path.stem, path.read_text(encoding="utf-8"))
+    replayer = Replayer(workflows=list(WORKFLOWS), data_converter=pydantic_data_converter)
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None
