@@ -70,12 +70,16 @@ class TurnActivities:
     @activity.defn(name="dmem.prepare_turn")
     def prepare_turn(self, turn: TurnInput) -> PreparedTurn:
         with classified_errors(), self.stack.git.pinned():
-            # A turn is admitted before a redaction of its user or after it, never across it
-            # (memory/store/redaction/gate.py): checked before and after the context is stored.
-            self.redaction_gate.admit_turn(turn.user_id, turn.turn_id)
-            prepared = self.steps.prepare(turn)
-            self.redaction_gate.admit_turn(turn.user_id, turn.turn_id)
-            return prepared
+            return self._admitted_prepare(turn)
+
+    def _admitted_prepare(self, turn: TurnInput) -> PreparedTurn:
+        """`TurnSteps.prepare` behind the redaction gate: a turn is admitted before a
+        redaction of its user or after it, never across it (memory/store/redaction/gate.py),
+        so it is checked before and after the context is stored."""
+        self.redaction_gate.admit_turn(turn.user_id, turn.turn_id)
+        prepared = self.steps.prepare(turn)
+        self.redaction_gate.admit_turn(turn.user_id, turn.turn_id)
+        return prepared
 
     @activity.defn(name="dmem.start_turn")
     def start_turn(self, turn: TurnInput) -> StartedTurn:
@@ -86,9 +90,7 @@ class TurnActivities:
         anywhere in it finds the stored context and the stored reply (docs/temporal.md,
         "The first step")."""
         with classified_errors(), self.stack.git.pinned():
-            self.redaction_gate.admit_turn(turn.user_id, turn.turn_id)
-            prepared = self.steps.prepare(turn)
-            self.redaction_gate.admit_turn(turn.user_id, turn.turn_id)
+            prepared = self._admitted_prepare(turn)
             crash_point(MID_START)
             first = self.steps.call_model(
                 StepInput(user_id=turn.user_id, turn_id=turn.turn_id, step=1)

@@ -286,13 +286,12 @@ class TurnWorkflow:
         """The first activity (patch `one-activity-start`), with the options of a model call
         as the worker polling this task queue configured them (the built-in defaults, or the
         input's, where none were offered)."""
-        offered = offered_turn_settings()
-        options = turn.settings_under(offered) if offered else turn.legacy_settings()
+        options = (offered_turn_settings() or turn.legacy_settings()).activities.model_call
         return await workflow.execute_activity_method(
             TurnActivities.start_turn,
             turn,
             summary="record the message, compile context, model call 1",
-            **activity_options(options.activities.model_call),
+            **activity_options(options),
         )
 
     def _settings_of(self, turn: TurnInput, started: StartedTurn) -> WorkerTurnSettings:
