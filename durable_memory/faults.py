@@ -12,6 +12,9 @@ from pathlib import Path
 MID_START = "mid_start_turn"
 """`dmem.start_turn`: the user's message is recorded and the turn's context stored; the model
 is not called yet."""
+MID_TOOLS_THEN_MODEL = "mid_tools_then_model"
+"""`dmem.tools_then_model`: a step's tool calls are run and their results in recall; the next
+model call is not made yet."""
 AFTER_MODEL_CALL = "after_model_call"
 """The model's reply is stored; its messages are not yet in recall."""
 MID_COMMIT = "mid_commit"

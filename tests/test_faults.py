@@ -13,7 +13,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.bootstrap import stack_from_settings
 from durable_memory.client import MemoryClient
-from durable_memory.faults import MID_START
+from durable_memory.faults import MID_START, MID_TOOLS_THEN_MODEL
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.history import Author, AuthorKind
 from durable_memory.models.turn import RotationOutcome, TurnOutcome, turn_workflow_id
@@ -23,10 +23,11 @@ from tests.support.git_checks import assert_fsck_clean
 from tests.support.temporal_helpers import workflow_result
 from tests.support.worker_process import address, crash_settings, spawn_worker, stop_worker
 
-TURN = ["start_turn", "call_model", "run_tools", "finish_turn", "decide", "needs_rotation"]
+TURN = ["start_turn", "tools_then_model", "finish_turn", "decide", "needs_rotation"]
 ROTATION = ["plan_rotation", "archive_rotation", "commit_rotation"]
 BOUNDARIES = [f"{when}:dmem.{name}" for name in TURN + ROTATION for when in ("before", "after")]
 BOUNDARIES += [MID_START]  # inside the first activity: context stored, model not called
+BOUNDARIES += [MID_TOOLS_THEN_MODEL]  # the step's diff proposed, the next model not called
 NOTE = "Talked about the regional robotics competition and the 2am repair " + "q" * 360
 SCRIPT: list[dict[str, Any]] = [
     {"content": [edit_block("human", operation="add_context", value=NOTE)]},

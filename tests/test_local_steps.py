@@ -48,7 +48,7 @@ async def test_a_plain_reply_runs_one_activity_and_no_local_one(
         assert rig.stack.recall.turn("ada", "p1")[-1].content == "Hello, Ada."
 
 
-async def test_a_tool_turn_runs_the_tools_and_the_finish_locally(
+async def test_a_tool_turn_runs_the_tools_with_the_next_model_call_and_the_finish_locally(
     temporal_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
     script = [
@@ -61,12 +61,10 @@ async def test_a_tool_turn_runs_the_tools_and_the_finish_locally(
         assert reply.reply == "Noted, Ada."
         assert len(reply.diffs) == 1
         scheduled, local = await _history_types(temporal_env, reply.workflow_id)
-        assert scheduled == ["dmem.start_turn", "dmem.call_model", "dmem.call_model"]
-        assert local == [
-            "dmem.run_tools",
-            "dmem.run_tools",
-            "dmem.finish_turn",
-        ]
+        # Each step's tools run in the activity of the next model call (patch
+        # tools-in-model-step); only finishing is local.
+        assert scheduled == ["dmem.start_turn", "dmem.tools_then_model", "dmem.tools_then_model"]
+        assert local == ["dmem.finish_turn"]
         # Each model call after a tool step saw that step's results (stored by run_tools).
         requests = rig.model_server.requests
         assert [m["role"] for m in requests[2]["messages"][-4:]] == [

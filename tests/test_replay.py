@@ -32,6 +32,7 @@ from durable_memory.workflows.turn import (
     ONE_ACTIVITY_START,
     OPERATOR_SEARCH_ATTRIBUTES,
     ROTATION_CHECK_AFTER_STANDING_APPROVALS,
+    TOOLS_IN_MODEL_STEP,
     WORKER_TURN_SETTINGS,
 )
 
@@ -52,6 +53,7 @@ def _patches(path: Path) -> set[str]:
 def test_there_are_histories_to_replay() -> None:
     assert {h.name for h in HISTORIES} >= {
         "turn_approve_reject_expire.json",
+        "turn_approve_reject_expire_before_tools_in_model_step.json",
         "turn_approve_reject_expire_before_one_activity_start.json",
         "turn_approve_reject_expire_before_local_turn_steps.json",
         "turn_approve_reject_expire_before_git_remote_wait.json",
@@ -66,15 +68,24 @@ def test_there_are_histories_to_replay() -> None:
         "turn_standing_approval.json",
         "turn_standing_approval_before_rotation_check.json",
         "turn_standing_approval_before_one_activity_start.json",
+        "turn_standing_approval_before_tools_in_model_step.json",
     }
     here = HISTORIES[0].parent
     # A turn under one-activity-start no longer asks for the two patches it replaces.
-    assert _patches(here / "turn_approve_reject_expire.json") == {
+    one_activity_start = {
         ANSWER_BEFORE_ROTATION_CHECK,
         OPERATOR_SEARCH_ATTRIBUTES,
         GIT_REMOTE_WAIT,
         ONE_ACTIVITY_START,
     }
+    assert _patches(here / "turn_approve_reject_expire.json") == {
+        *one_activity_start,
+        TOOLS_IN_MODEL_STEP,
+    }
+    assert (
+        _patches(here / "turn_approve_reject_expire_before_tools_in_model_step.json")
+        == one_activity_start
+    )
     assert _patches(here / "turn_approve_reject_expire_before_one_activity_start.json") == {
         ANSWER_BEFORE_ROTATION_CHECK,
         OPERATOR_SEARCH_ATTRIBUTES,
@@ -112,10 +123,15 @@ def test_there_are_histories_to_replay() -> None:
         *standing_before,
         ROTATION_CHECK_AFTER_STANDING_APPROVALS,
     }
-    assert _patches(here / "turn_standing_approval.json") == {
-        OPERATOR_SEARCH_ATTRIBUTES,
-        ROTATION_CHECK_AFTER_STANDING_APPROVALS,
+    standing = {OPERATOR_SEARCH_ATTRIBUTES, ROTATION_CHECK_AFTER_STANDING_APPROVALS}
+    assert _patches(here / "turn_standing_approval_before_tools_in_model_step.json") == {
+        *standing,
         ONE_ACTIVITY_START,
+    }
+    assert _patches(here / "turn_standing_approval.json") == {
+        *standing,
+        ONE_ACTIVITY_START,
+        TOOLS_IN_MODEL_STEP,
     }
 
 

@@ -230,14 +230,14 @@ async def test_a_failed_step_ends_the_turn_with_a_short_named_error(
     settings = rig_settings(tmp_path / "data")
     settings = settings.model_copy(update={"activities": _quick(attempts)})
     async with running_rig(temporal_env.client, settings, [proposing, *script]) as rig:
-        with pytest.raises(TurnFailed, match="call_model failed") as failed:
+        with pytest.raises(TurnFailed, match="tools_then_model failed") as failed:
             await rig.client.send_message("eve", "hi", turn_id="boom")
         assert len(str(failed.value).encode()) < 1024
         with pytest.raises(WorkflowFailureError) as result:
             await turn_outcome(rig.client, "eve", "boom")
         cause = _cause(result.value)
         assert cause.type == "TurnFailed"
-        assert cause.message.startswith("dmem.call_model failed: ModelCallError: ")
+        assert cause.message.startswith("dmem.tools_then_model failed: ModelCallError: ")
         assert cause.message.count("failed") == 1  # named once, not once per layer
         assert len(cause.message.encode()) < 1024
         # The diff the turn proposed before failing does not stay pending without a turn.

@@ -92,10 +92,11 @@ async def test_a_turn_with_only_the_callers_fields_runs_with_the_workers_setting
         if e.HasField("activity_task_scheduled_event_attributes")
     ]
     # The first activity (patch one-activity-start) prepares and makes the first model call,
-    # with a model call's options, those the worker offered; the other cheap steps run as
-    # local activities (patch local-turn-steps): markers, whose options the history does not
-    # record; they take the same `memory` options as before.
-    kinds = {"dmem.start_turn", "dmem.call_model", "dmem.expire_diffs"}
+    # and the second runs the first step's tools with the second model call (patch
+    # tools-in-model-step), each with a model call's options, those the worker offered; the
+    # tools at the step limit and the finish run as local activities (patch local-turn-steps):
+    # markers, whose options the history does not record; they take the `memory` options.
+    kinds = {"dmem.start_turn", "dmem.tools_then_model", "dmem.expire_diffs"}
     assert set(scheduled_activity_types(events)) == kinds
     assert set(local_activity_types(events)) == {"dmem.run_tools", "dmem.finish_turn"}
     for activity in scheduled:  # every regular step took the worker's options

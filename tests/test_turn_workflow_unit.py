@@ -33,6 +33,7 @@ from durable_memory.models.turn import (
     StartedTurn,
     StepInput,
     ToolStepResult,
+    ToolsThenModel,
     TurnInput,
     TurnOutcome,
     TurnReply,
@@ -42,6 +43,7 @@ from durable_memory.models.turn import (
 )
 from durable_memory.workflows.turn import TurnWorkflow
 from durable_memory.workflows.turn_boundary import TURN_WORKFLOW
+from tests.support.temporal_helpers import local_activity_types, scheduled_activity_types
 
 USER = "alice"
 
@@ -55,14 +57,15 @@ class StandInActivities:
     """What each step answers, and the log of the calls the workflow made, in order.
 
     `model_steps[i]` is the number of tool calls step i+1's model reply asks for; each
-    `run_tools` proposes one new diff. `failing_step` makes that model call fail for good."""
+    `run_tools` of step i proposes diff i. `failing_step` makes that model call fail for good."""
 
     model_steps: list[int]
     failing_step: int | None = None
+    failing_tools: int | None = None
+    """The step whose tools fail for good (each time they run)."""
     settings: WorkerTurnSettings = field(default_factory=lambda: Settings().turn_settings())
     """What the worker's configuration says (the `dmem.turn_settings` local activity)."""
     calls: list[tuple[str, Any]] = field(default_factory=list)
-    proposed: int = 0
 
     @activity.defn(name="dmem.turn_settings")
     async def turn_settings(self) -> WorkerTurnSettings:
@@ -91,8 +94,17 @@ class StandInActivities:
     @activity.defn(name="dmem.run_tools")
     async def run_tools(self, step: StepInput) -> ToolStepResult:
         self.calls.append(("run_tools", step.step))
-        self.proposed += 1
-        return ToolStepResult(diff_ids=[_diff_id(self.proposed)], superseded=[])
+        if step.step == self.failing_tools:
+            raise ApplicationError("the store is gone", type="UnsafeFile", non_retryable=True)
+        # Idempotent, as the real one: a step's tools propose the same diff when run again.
+        return ToolStepResult(diff_ids=[_diff_id(step.step)], superseded=[])
+
+    @activity.defn(name="dmem.tools_then_model")
+    async def tools_then_model(self, step: StepInput) -> ToolsThenModel:
+        """A step's tools and the next model call, as the real one does."""
+        tools = await self.run_tools(step)
+        following = StepInput(user_id=step.user_id, turn_id=step.turn_id, step=step.step + 1)
+        return ToolsThenModel(tools=tools, next=await self.call_model(following))
 
     @activity.defn(name="dmem.finish_turn")
     async def finish_turn(self, finish: FinishInput) -> FinishedTurn:
@@ -134,6 +146,7 @@ class StandInActivities:
             self.start_turn,
             self.call_model,
             self.run_tools,
+            self.tools_then_model,
             self.finish_turn,
             self.decide,
             self.expire_diffs,
@@ -191,6 +204,16 @@ async def test_a_turn_runs_its_steps_in_order_then_waits_for_decisions(
         for n in (1, 2):
             await handle.signal("reject", _decision(n, "reject"))
         outcome: TurnOutcome = await handle.result()
+        events = [e async for e in handle.fetch_history_events()]
+    # Each step's tools and the next model call are one activity; only finishing is local.
+    assert scheduled_activity_types(events) == [
+        "dmem.start_turn",
+        "dmem.tools_then_model",
+        "dmem.tools_then_model",
+        "dmem.decide",
+        "dmem.decide",
+    ]
+    assert local_activity_types(events) == ["dmem.finish_turn"]
     assert outcome.status is TurnStatus.DONE
     assert [d.status for d in outcome.decisions] == [DiffStatus.REJECTED] * 2
 
@@ -246,13 +269,42 @@ async def test_a_failing_step_ends_the_turn_naming_it_and_expires_its_diffs(
     for failure in (reply_error.value.cause, result_error.value.cause):
         assert isinstance(failure, ApplicationError)
         assert failure.type == "TurnFailed"
-        assert failure.message == "dmem.call_model failed: the model is gone"
+        # The second model call ran in the activity that ran the first step's tools.
+        assert failure.message == "dmem.tools_then_model failed: the model is gone"
     assert stand_ins.calls == [
         ("prepare_turn", "Hi"),
         ("call_model", 1),
         ("run_tools", 1),
         ("call_model", 2),
-        ("expire_diffs", [_diff_id(1)]),  # nobody was shown it: it does not stay pending
+        # The failed activity had run step 1's tools: run again, they name the diff they
+        # stored, so the turn expires it (nobody was shown it: it does not stay pending).
+        ("run_tools", 1),
+        ("expire_diffs", [_diff_id(1)]),
+    ]
+
+
+async def test_failing_tools_end_the_turn_naming_the_step_they_ran_in(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    stand_ins = StandInActivities(model_steps=[1, 1, 0], failing_tools=2)
+    async with started_turn(time_skipping_env, stand_ins) as handle:
+        with pytest.raises(WorkflowUpdateFailedError) as reply_error:
+            await handle.execute_update("reply", result_type=TurnReply)
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        assert await handle.query(TurnWorkflow.status) == TurnStatus.FAILED
+    failure = reply_error.value.cause
+    assert isinstance(failure, ApplicationError)
+    # The failure is the activity's own, not that of the attempt to learn its diffs.
+    assert failure.message == "dmem.tools_then_model failed: the store is gone"
+    assert stand_ins.calls == [
+        ("prepare_turn", "Hi"),
+        ("call_model", 1),
+        ("run_tools", 1),
+        ("call_model", 2),
+        ("run_tools", 2),  # in tools_then_model: fails, the model is not called
+        ("run_tools", 2),  # run again to learn its diffs: fails again, nothing learnt
+        ("expire_diffs", [_diff_id(1)]),  # step 1's diff, which the turn had learnt
     ]
 
 
@@ -273,6 +325,10 @@ async def test_the_step_limit_ends_the_loop_and_says_so_in_the_reply(
             "finish_turn",
         ]
         assert stand_ins.calls[-1] == ("finish_turn", ([_diff_id(1), _diff_id(2)], True))
+        events = [e async for e in handle.fetch_history_events()]
+        # No model call follows the tools of the step at the limit: they run alone, locally.
+        assert scheduled_activity_types(events) == ["dmem.start_turn", "dmem.tools_then_model"]
+        assert local_activity_types(events) == ["dmem.run_tools", "dmem.finish_turn"]
         for n in (1, 2):
             await handle.signal("approve", _decision(n, "approve"))
         await handle.result()

@@ -8,7 +8,7 @@ from temporalio import activity
 
 from durable_memory.activities.errors import classified_errors
 from durable_memory.bootstrap import MemoryStack
-from durable_memory.faults import MID_START, crash_point
+from durable_memory.faults import MID_START, MID_TOOLS_THEN_MODEL, crash_point
 from durable_memory.memory.agent.steps import TurnSteps
 from durable_memory.memory.core.errors import DiffAlreadyDecided
 from durable_memory.memory.store.redaction.gate import RedactionGate
@@ -24,6 +24,7 @@ from durable_memory.models.turn import (
     StartedTurn,
     StepInput,
     ToolStepResult,
+    ToolsThenModel,
     TurnInput,
     WorkerTurnSettings,
 )
@@ -106,6 +107,20 @@ class TurnActivities:
     def run_tools(self, step: StepInput) -> ToolStepResult:
         with classified_errors(), self.stack.git.pinned():
             return self.steps.run_tools(step)
+
+    @activity.defn(name="dmem.tools_then_model")
+    def tools_then_model(self, step: StepInput) -> ToolsThenModel:
+        """`run_tools` of `step`, then `call_model` of the step after it: one activity where a
+        tool-using turn ran a local activity and a model call (patch `tools-in-model-step`;
+        the local activity's own SDK round trips cost more than the tools on local data).
+        Each half is idempotent as before: a retry after a crash anywhere in it finds the
+        diffs and results the tools stored and the reply the model gave (docs/temporal.md,
+        "Tools and the next model call")."""
+        with classified_errors(), self.stack.git.pinned():
+            tools = self.steps.run_tools(step)
+            crash_point(MID_TOOLS_THEN_MODEL)
+            following = StepInput(user_id=step.user_id, turn_id=step.turn_id, step=step.step + 1)
+            return ToolsThenModel(tools=tools, next=self.steps.call_model(following))
 
     @activity.defn(name="dmem.finish_turn")
     def finish_turn(self, finish: FinishInput) -> FinishedTurn:

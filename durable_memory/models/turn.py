@@ -242,6 +242,16 @@ class ToolStepResult(BaseModel):
     superseded: list[SupersededDiff]
 
 
+class ToolsThenModel(BaseModel):
+    """What `dmem.tools_then_model` returns: a step's tool calls run, then the next model
+    step (patch `tools-in-model-step`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tools: ToolStepResult
+    next: ModelStepResult
+
+
 class ProposedDiff(BaseModel):
     model_config = ConfigDict(frozen=True)
 

@@ -74,6 +74,7 @@ def activities_for(
         turns.start_turn,
         turns.call_model,
         turns.run_tools,
+        turns.tools_then_model,
         turns.finish_turn,
         turns.decide,
         turns.expire_diffs,

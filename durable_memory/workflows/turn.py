@@ -156,6 +156,14 @@ not replay-checked); everything else from the recorded result. Turns started bef
 the settings and prepare as local activities (`worker-turn-settings`, `local-turn-steps`).
 Why a crash anywhere in it costs nothing: docs/temporal.md ("The first step")."""
 
+TOOLS_IN_MODEL_STEP = "tools-in-model-step"
+"""Patch: a step's tool calls and the next model call are one activity,
+`dmem.tools_then_model`, where a tool-using turn ran `run_tools` as a local activity and then
+the model call (each local activity cost ~2-4 ms of SDK round trips, more than the tools on
+local data). The tools of the step at the limit run alone, as before (no model call follows).
+Only turns under `one-activity-start` take it, at their first tool step. Why a crash anywhere
+in it costs nothing: docs/temporal.md ("Tools and the next model call")."""
+
 ROTATION_CHECK_AFTER_STANDING_APPROVALS = "rotation-check-after-standing-approvals"
 """Patch: a block that a standing approval changed during the turn is checked for rotation
 (and its rotation started) as one a person approves is, right after the reply; turns before it
@@ -204,6 +212,11 @@ class TurnWorkflow:
         self._git_remote_wait: GitRemoteWait | None = None
         self._local_steps = False
         """Whether the cheap steps run as local activities (patch `local-turn-steps`)."""
+        self._one_activity_start = False
+        """Whether the turn began with `dmem.start_turn` (patch `one-activity-start`)."""
+        self._merged_tool_steps: bool | None = None
+        """Whether a step's tools and the next model call are one activity (patch
+        `tools-in-model-step`); asked at the first tool step."""
 
     # -- the turn --------------------------------------------------------------------------
 
@@ -234,6 +247,7 @@ class TurnWorkflow:
             settings = self._settings_of(turn, started)
             prepared, first = started.prepared, started.first
             self._local_steps = True  # the later cheap steps run locally, as in the patch
+            self._one_activity_start = True
         else:
             settings = await self._turn_settings(turn)
             self._local_steps = workflow.patched(LOCAL_TURN_STEPS)
@@ -378,37 +392,81 @@ class TurnWorkflow:
     async def _steps(self, turn: TurnInput, first: ModelStepResult | None) -> tuple[str, bool]:
         """The agent loop: (last reply text, stopped at the step limit); the diffs it proposes
         are collected in `self._proposed`. `first`: the first model step, if the turn's first
-        activity made it."""
-        text = ""
+        activity made it. Under `tools-in-model-step` a step's tools and the next model call
+        are one activity; the tools of the step at the limit run alone (no call follows)."""
         assert self._settings is not None
-        for step in range(1, self._settings.max_steps + 1):
-            where = StepInput(user_id=turn.user_id, turn_id=turn.turn_id, step=step)
-            if step == 1 and first is not None:
-                result = first
-            else:
-                result = await workflow.execute_activity_method(
-                    TurnActivities.call_model,
-                    where,
-                    summary=f"model call {step}",
-                    **activity_options(self._activities.model_call),
-                )
-            text = result.text
+        max_steps = self._settings.max_steps
+        result = first if first is not None else await self._model_call(self._where(turn, 1))
+        for step in range(1, max_steps + 1):
             self._usage += result.usage
             self._show_details()
             if result.tool_calls == 0:
-                return text, False
-            tools = await self._memory_step(
-                TurnActivities.run_tools,
-                where,
-                f"run {result.tool_calls} tool call(s) of step {step}",
-            )
+                return result.text, False
+            where = self._where(turn, step)
+            summary = f"run {result.tool_calls} tool call(s) of step {step}"
+            following: ModelStepResult | None = None
+            if step < max_steps and self._tools_in_model_step():
+                try:
+                    merged = await workflow.execute_activity_method(
+                        TurnActivities.tools_then_model,
+                        where,
+                        summary=f"{summary}, model call {step + 1}",
+                        **activity_options(self._activities.model_call),
+                    )
+                except ActivityError:
+                    await self._learn_stored_tools(where, summary)
+                    raise
+                tools, following = merged.tools, merged.next
+            else:
+                tools = await self._memory_step(TurnActivities.run_tools, where, summary)
             self._proposed.extend(tools.diff_ids)
             if tools.diff_ids:
                 self._upsert_for_operators(DIFF_IDS.value_set(list(self._proposed)))
             for old in tools.superseded:
                 if old.turn_id and old.turn_id != turn.turn_id:
                     await self._tell_superseded(turn.user_id, old.turn_id, old.diff_id)
-        return text, True
+            if step == max_steps:
+                return result.text, True
+            if following is None:
+                following = await self._model_call(self._where(turn, step + 1))
+            result = following
+        raise AssertionError("unreachable: the loop returns at the step limit")
+
+    async def _learn_stored_tools(self, where: StepInput, summary: str) -> None:
+        """After `dmem.tools_then_model` failed for good: the diffs its tools stored, so the
+        failed turn expires them as it does every diff it proposed (the model call may be
+        what failed, after the tools proposed). `run_tools` is idempotent: run again, it
+        answers with what the first run stored. If it fails too, the turn's own failure is
+        the one reported."""
+        try:
+            tools = await self._memory_step(TurnActivities.run_tools, where, f"{summary} (again)")
+        except (FailureError, LocalStepFailed) as error:
+            workflow.logger.warning("could not learn the failed step's diffs: %s", error)
+            return
+        self._proposed.extend(d for d in tools.diff_ids if d not in self._proposed)
+
+    @staticmethod
+    def _where(turn: TurnInput, step: int) -> StepInput:
+        return StepInput(user_id=turn.user_id, turn_id=turn.turn_id, step=step)
+
+    async def _model_call(self, where: StepInput) -> ModelStepResult:
+        assert self._settings is not None
+        return await workflow.execute_activity_method(
+            TurnActivities.call_model,
+            where,
+            summary=f"model call {where.step}",
+            **activity_options(self._activities.model_call),
+        )
+
+    def _tools_in_model_step(self) -> bool:
+        """Asked at the first tool step only (the patch's marker is in the histories of
+        tool-using turns alone), and only in turns under `one-activity-start`: older turns'
+        tool steps keep their shape."""
+        if self._merged_tool_steps is None:
+            self._merged_tool_steps = self._one_activity_start and workflow.patched(
+                TOOLS_IN_MODEL_STEP
+            )
+        return self._merged_tool_steps
 
     async def _tell_superseded(self, user_id: str, turn_id: str, diff_id: str) -> None:
         """End the older turn's wait for a diff this turn superseded."""
