@@ -72,6 +72,33 @@ def test_append_is_idempotent_per_turn_and_seq(recall: RecallStore) -> None:
     assert recall.count("alice") == 5
 
 
+def test_record_keeps_what_is_stored_and_indexes_each_message_once(recall: RecallStore) -> None:
+    """`record` (a turn's steps: one statement, no rows back) as `append`: a position already
+    stored keeps its message, the new positions are added, and the full-text index holds each
+    stored message once (a kept row adds no index entry); another user's same turn is theirs."""
+    first = recall.recent("alice", 10)[0]
+    recall.record(
+        "alice",
+        "t1",
+        [_msg(MessageRole.USER, "a retry says otherwise: dinosaurs"), _msg(MessageRole.USER, "x")],
+        first_seq=0,
+    )
+    recall.record("alice", "t1", [_msg(MessageRole.ASSISTANT, "kites and robots")], first_seq=4)
+    recall.record("alice", "t1", [_msg(MessageRole.ASSISTANT, "kites and robots")], first_seq=4)
+    recall.record("bob", "t1", [_msg(MessageRole.USER, "kites")], first_seq=0)
+    recall.record("alice", "t1", [])
+    stored = recall.turn("alice", "t1")
+    assert [m.content for m in stored][:2] == [first.content, "What did the robots teach you?"]
+    assert [m.seq for m in stored] == [0, 1, 2, 3, 4]
+    assert stored[0].id == first.id
+    assert recall.count("alice") == 6
+    assert recall.count("bob") == 2
+    assert recall.search("alice", "dinosaurs").total == 0
+    assert recall.search("alice", "kites").total == 1
+    assert recall.search("alice", "robots").total == 4
+    assert [m.content for m in recall.search("bob", "kites").messages] == ["kites"]
+
+
 def test_text_search_is_per_user_and_matches_every_word(recall: RecallStore) -> None:
     page = recall.search("alice", "robots")
     assert page.total == 3

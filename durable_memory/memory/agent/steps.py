@@ -265,7 +265,7 @@ class TurnSteps:
         # An approval recorded but not committed when a process died is finished first,
         # so no diff stays approved without its commit once the user is back.
         sources.review.finish_approvals(turn.user_id)
-        sources.recall.append(
+        sources.recall.record(
             turn.user_id,
             turn.turn_id,
             [NewMessage(role=MessageRole.USER, content=turn.message)],
@@ -306,7 +306,7 @@ class TurnSteps:
             self.sources.blocks.refuse_if_forgotten(step.user_id)
             reply = self.turns.save_reply(step.user_id, step.turn_id, step.step, reply)
             crash_point(AFTER_MODEL_CALL)
-        self.sources.recall.append(
+        self.sources.recall.record(
             step.user_id,
             step.turn_id,
             reply_messages(reply),
@@ -339,7 +339,7 @@ class TurnSteps:
             )
             if outcome.diff_id:
                 diff_ids.append(outcome.diff_id)
-        self.sources.recall.append(
+        self.sources.recall.record(
             step.user_id,
             step.turn_id,
             result_messages(results),
@@ -357,7 +357,7 @@ class TurnSteps:
         sources.blocks.refuse_if_forgotten(finish.user_id)
         if finish.stopped_at_step_limit:
             note = NewMessage(role=MessageRole.ASSISTANT, content=step_limit_note(finish.max_steps))
-            sources.recall.append(
+            sources.recall.record(
                 finish.user_id, finish.turn_id, [note], first_seq=TurnPositions.STEP_LIMIT_NOTE
             )
             self.turns.drop_context(finish.user_id, finish.turn_id)  # no model call follows

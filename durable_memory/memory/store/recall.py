@@ -18,11 +18,13 @@ from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.core.limits import LimitExceeded, check_query
 from durable_memory.memory.store.sql import (
     OwnedIndex,
+    insert_keeping,
     postgres_text_index,
     postgres_text_query,
     postgres_text_vector,
     reading,
     utc,
+    writing_once,
 )
 from durable_memory.models.limits import MAX_QUERY_TERMS
 from durable_memory.models.recall import MessageRole, NewMessage, RecallMessage, RecallPage
@@ -162,6 +164,39 @@ class RecallStore:
                 )
             }
         return [_from_row(rows[seq]) for seq in wanted]
+
+    def record(
+        self,
+        user_id: str,
+        turn_id: str,
+        messages: Sequence[NewMessage],
+        *,
+        first_seq: int = 0,
+        at: datetime | None = None,
+    ) -> None:
+        """`append` for a caller that does not need the rows back (a turn's steps): one
+        statement, an insert that keeps a message already stored at its position (a step run
+        again after a crash), where `append` reads the positions, inserts and reads back."""
+        validate_user_id(user_id)
+        stamp = utc(at or datetime.now(UTC))
+        rows = [
+            {
+                "user_id": user_id,
+                "turn_id": turn_id,
+                "seq": first_seq + offset,
+                "role": message.role.value,
+                "content": message.content,
+                "tool_name": message.tool_name,
+                "tool_call_id": message.tool_call_id,
+                "is_error": message.is_error,
+                "created_at": stamp,
+            }
+            for offset, message in enumerate(messages)
+        ]
+        if rows:
+            keeping = insert_keeping(self.engine, RecallMessageRow, "user_id", "turn_id", "seq")
+            with writing_once(self.engine) as connection:
+                connection.execute(keeping, rows)
 
     def next_seq(self, user_id: str, turn_id: str) -> int:
         """The next free seq of a turn (0 for a new turn)."""

@@ -17,7 +17,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, event, func, make_url
+from sqlalchemy import ColumnElement, Connection, Engine, Insert, Table, event, func, make_url
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlmodel import create_engine
 
@@ -109,6 +111,30 @@ def reading(engine: Engine) -> Iterator[Connection]:
         if engine.dialect.name == "postgresql":
             connection = connection.execution_options(isolation_level="AUTOCOMMIT")
         yield connection
+
+
+@contextlib.contextmanager
+def writing_once(engine: Engine) -> Iterator[Connection]:
+    """A connection for one write statement, committed when the block ends. On PostgreSQL in
+    autocommit: one statement is atomic alone, and BEGIN and COMMIT around it cost two more
+    round trips. On SQLite a transaction (SQLAlchemy would roll back a bare connection's
+    statement when it closes). A second statement in the block, where one is allowed, shares
+    the first's transaction on SQLite only: it must not need to."""
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as connection:
+            yield connection.execution_options(isolation_level="AUTOCOMMIT")
+    else:
+        with engine.begin() as connection:
+            yield connection
+
+
+def insert_keeping(engine: Engine, table: Table | type[Any], *keys: str) -> Insert:
+    """An INSERT into `table` that keeps a row already stored under the unique `keys`: ON
+    CONFLICT DO NOTHING (SQLite and PostgreSQL share the syntax; the result's rowcount says
+    whether it inserted). Triggers fire only for the rows inserted."""
+    if engine.dialect.name == "postgresql":
+        return postgresql_insert(table).on_conflict_do_nothing(index_elements=list(keys))
+    return sqlite_insert(table).on_conflict_do_nothing(index_elements=list(keys))
 
 
 def create_sql_engine(url: str, *, ping_after_idle_s: float = PING_AFTER_IDLE_S) -> Engine:

@@ -21,7 +21,7 @@ from sqlalchemy import Connection, Engine, Table, event, inspect, text
 from sqlalchemy import select as select_columns
 from sqlmodel import Field, Session, SQLModel, col, func, select
 
-from durable_memory.memory.store.sql import reading, utc
+from durable_memory.memory.store.sql import insert_keeping, reading, utc, writing_once
 from durable_memory.models.context import CompiledContext, PromptBase
 from durable_memory.models.llm import ModelReply, TokenUsage
 
@@ -70,6 +70,10 @@ def _table(row_type: type[SQLModel]) -> Table:
     return table
 
 
+KEEP_FIRST_ROUNDS = 3
+"""`TurnStore._keep_first`'s tries of insert-or-read while a stored row is deleted between."""
+
+
 class TurnStore:
     """Plain statements on the hot path (every step of every turn reads and writes here),
     not ORM sessions and objects, whose bookkeeping cost more than the SQL."""
@@ -88,17 +92,23 @@ class TurnStore:
 
     def _keep_first(self, row: TurnContextRow | TurnStepRow, column: str) -> str | None:
         """Store `row` unless a row with its key is stored already: that one's `column`, else
-        None."""
+        None. One statement when nothing was stored (an insert that keeps a stored row); the
+        stored row is read only when the insert kept it (a step run again)."""
         table = _table(type(row))
         values = row.model_dump()
         key = {c.name: values[c.name] for c in table.primary_key.columns}
-        with self.engine.begin() as connection:
-            stored: str | None = connection.execute(
-                select_columns(table.c[column]).where(*(table.c[k] == v for k, v in key.items()))
-            ).scalar()
-            if stored is None:
-                connection.execute(table.insert().values(values))
-        return stored
+        keeping = insert_keeping(self.engine, table, *key).values(values)
+        of_key = select_columns(table.c[column]).where(*(table.c[k] == v for k, v in key.items()))
+        with writing_once(self.engine) as connection:
+            for _ in range(KEEP_FIRST_ROUNDS):
+                if connection.execute(keeping).rowcount == 1:
+                    return None
+                stored: str | None = connection.execute(of_key).scalar()
+                if stored is not None:
+                    return stored
+                # PostgreSQL (each statement alone): deleted in between (a context dropped by
+                # an earlier attempt still running, a forget): the insert may keep ours now.
+        raise LookupError(f"{table.name} {key}: a stored row kept vanishing as it was kept")
 
     def save_context(self, user_id: str, turn_id: str, context: CompiledContext) -> CompiledContext:
         """Keep the first context compiled for a user's turn; a retry gets that one back."""

@@ -28,13 +28,11 @@ from datetime import UTC, datetime
 
 from sqlalchemy import Engine, LargeBinary, func, update
 from sqlalchemy import select as select_columns
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Column, Field, Session, SQLModel, col, select
 
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.erasure import ErasureLedger, user_hash
-from durable_memory.memory.store.sql import reading
+from durable_memory.memory.store.sql import insert_keeping, reading
 
 REGISTER_BATCH = 1000
 
@@ -63,7 +61,6 @@ class UserDirectory:
         now = datetime.now(UTC)
         ids = list(dict.fromkeys(user_ids))
         table = UserRow.__table__  # type: ignore[attr-defined]
-        insert = postgresql_insert if self.engine.dialect.name == "postgresql" else sqlite_insert
         # In batches: a statement's bound parameters are limited (SQLite: 32766).
         for start in range(0, len(ids), REGISTER_BATCH):
             batch = ids[start : start + REGISTER_BATCH]
@@ -76,11 +73,7 @@ class UserDirectory:
             rows = [{"user_id": u, "registered_at": now} for u in batch if u not in found]
             if rows:
                 with self.engine.begin() as conn:
-                    conn.execute(
-                        insert(UserRow)
-                        .values(rows)
-                        .on_conflict_do_nothing(index_elements=["user_id"])
-                    )
+                    conn.execute(insert_keeping(self.engine, UserRow, "user_id").values(rows))
 
     def refuse_if_forgotten(self, user_id: str) -> None:
         """UserBeingForgotten while the user's erasure is under way, UserForgotten after it
@@ -152,18 +145,15 @@ class PayloadKeyStore:
         the user's forget is under way, UserForgotten after it until they are started afresh:
         a late step of a turn begun before the forget makes no key for them again."""
         ErasureLedger(self.engine).refuse_if_forgotten(candidate.user_id)
-        insert = postgresql_insert if self.engine.dialect.name == "postgresql" else sqlite_insert
         with self.engine.begin() as conn:
             conn.execute(
-                insert(PayloadKeyRow)
-                .values(
+                insert_keeping(self.engine, PayloadKeyRow, "user_id").values(
                     key_id=candidate.key_id,
                     user_id=validate_user_id(candidate.user_id),
                     wrapped_key=candidate.wrapped_key,
                     master_key_id=candidate.master_key_id,
                     created_at=datetime.now(UTC),
                 )
-                .on_conflict_do_nothing(index_elements=["user_id"])
             )
         kept = self.for_user(candidate.user_id)
         if kept is None:  # deleted by a forget between the two statements
