@@ -12,7 +12,7 @@ py-spy (a dev dependency) reads the worker's memory through ptrace: run as root,
 /proc/sys/kernel/yama/ptrace_scope allows a process to trace its children. Only threads
 running at a sample count (py-spy leaves idle ones out), so the figures are CPU, not waits.
 
-    .venv/bin/python -m bench.profile_turn [--turns 200] [--rate 250]
+    .venv/bin/python -m bench.profile_turn [--turns 200] [--rate 250] [--say hello|search]
         [--out bench/results/profile_turn.json] [--image docs/images/turn-flamegraph.png]
         [--stacks FILE]
     .venv/bin/python -m bench.profile_turn --cpu [--turns 200] [--out bench/results/turn_cpu.json]
@@ -75,8 +75,13 @@ COLORS = {
     "tiktoken": "#da8bc3",
     "Python (stdlib)": "#b0b0b0",
 }
-STEPS = ("prepare_turn", "call_model", "run_tools", "finish_turn")
-"""The turn's activities (durable_memory/activities/turn.py), found by name in a stack."""
+STEPS = ("prepare", "call_model", "run_tools", "finish")
+"""The turn's steps (`TurnSteps`, memory/agent/steps.py), found by name in a stack: a turn's
+first activity runs prepare and call_model, a later one run_tools and call_model."""
+STEPS_FILE = "agent/steps.py"
+ACTIVITIES = ("start_turn", "tools_then_model", "prepare_turn", "call_model", "run_tools")
+"""The turn's activities (activities/turn.py) that run those steps: a sample in one of them
+but in none of its steps is the activity's own work around them (its checks, the gate)."""
 THREAD_START = ("Thread._bootstrap", "Thread._bootstrap_inner", "Thread.run")
 """Frames every thread's stack starts with, left out of the picture."""
 
@@ -108,10 +113,15 @@ def read_stacks(raw: Path) -> Counter[Stack]:
 
 def step_of(stack: Stack) -> str:
     """Which part of the worker's work a sample is in."""
+    around = None
     for frame in stack:
         name = frame.split(" ")[0].rsplit(".", 1)[-1]
-        if name in STEPS:
-            return f"activity {name}"
+        if name in STEPS and STEPS_FILE in frame:
+            return f"step {name}"
+        if name in ACTIVITIES and around is None:
+            around = f"activity {name}, around its steps"
+    if around is not None:
+        return around
     files = " ".join(stack)
     if "_workflow_instance" in files or "workflow_sandbox" in files:
         return "workflow tasks (the sandboxed TurnWorkflow)"
@@ -285,8 +295,9 @@ async def cpu_per_turn(turns: int) -> dict[str, Any]:
     return {"turns": turns, "load_average": os.getloadavg(), "worker_cpu_ms_per_turn": results}
 
 
-async def profile(turns: int, rate: int, raw: Path) -> dict[str, Any]:
-    """Sample a worker through `turns` turns (after a warm-up) into `raw`."""
+async def profile(turns: int, rate: int, raw: Path, say: str = "hello") -> dict[str, Any]:
+    """Sample a worker through `turns` turns (after a warm-up) into `raw`; `say`: what the
+    user says (`search`: tool-using turns)."""
     with tempfile.TemporaryDirectory() as tmp, model_server_process() as (model_url, _):
         settings = bench_settings(Path(tmp) / "data", task_queue="bench-profile")
         env = await start_dev_server(settings)
@@ -294,7 +305,7 @@ async def profile(turns: int, rate: int, raw: Path) -> dict[str, Any]:
         client = MemoryClient(env.client, settings, stack)
         worker = spawn_worker(settings, env.client.service_client.config.target_host, model_url)
         try:
-            await _turns(client, 0, WARM_UP_TURNS)
+            await _turns(client, 0, WARM_UP_TURNS, say)
             sampling = ["--pid", str(worker.pid), "--rate", str(rate), "--nonblocking", "--gil"]
             recorder = subprocess.Popen(
                 [_py_spy(), "record", *sampling, "--format", "raw", "--function", "-o", str(raw)],
@@ -304,7 +315,7 @@ async def profile(turns: int, rate: int, raw: Path) -> dict[str, Any]:
             )
             await asyncio.sleep(1)  # py-spy attached
             cpu = _cpu_seconds(worker.pid)
-            await _turns(client, WARM_UP_TURNS, turns)
+            await _turns(client, WARM_UP_TURNS, turns, say)
             cpu_ms = (_cpu_seconds(worker.pid) - cpu) * 1000 / turns
             recorder.send_signal(signal.SIGINT)  # py-spy writes its output and exits
             _, err = recorder.communicate(timeout=60)
@@ -314,7 +325,12 @@ async def profile(turns: int, rate: int, raw: Path) -> dict[str, Any]:
             stop_worker(worker)
             stack.close()
             await env.shutdown()
-    return {"turns": turns, "rate_hz": rate, "worker_cpu_ms_per_turn": round(cpu_ms, 1)}
+    return {
+        "turns": turns,
+        "says": say,
+        "rate_hz": rate,
+        "worker_cpu_ms_per_turn": round(cpu_ms, 1),
+    }
 
 
 def main() -> None:
@@ -326,6 +342,11 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=250, help="samples per second")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--image", type=Path, default=Path("docs/images/turn-flamegraph.png"))
+    parser.add_argument(
+        "--say",
+        default="hello",
+        help="what each turn's user says: hello (plain turns) or search (model -> tool -> model)",
+    )
     parser.add_argument(
         "--stacks",
         type=Path,
@@ -342,16 +363,21 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         raw = args.stacks or Path(tmp) / "stacks.txt"
-        run = asyncio.run(profile(args.turns, args.rate, raw))
+        run = asyncio.run(profile(args.turns, args.rate, raw, args.say))
         stacks = read_stacks(raw)
     results = {"machine": info, **run, **summarize(stacks)}
     print(json.dumps({k: v for k, v in results.items() if k != "machine"}, indent=1))
     args.out.write_text(json.dumps(results, indent=1), encoding="utf-8")
     args.image.parent.mkdir(parents=True, exist_ok=True)
+    shape = (
+        "two instant scripted model calls around an archival search"
+        if args.say == "search"
+        else "one instant scripted model call, no tool"
+    )
     draw_flame_graph(
         stacks,
-        f"dmem worker, {args.turns} turns one after another (each: one instant scripted model "
-        f"call, no tool): {run['worker_cpu_ms_per_turn']} ms of worker CPU per turn, "
+        f"dmem worker, {args.turns} turns one after another (each: {shape}): "
+        f"{run['worker_cpu_ms_per_turn']} ms of worker CPU per turn, "
         f"{results['samples']} samples by py-spy",
         args.image,
     )
