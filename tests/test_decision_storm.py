@@ -217,7 +217,13 @@ async def test_fifty_concurrent_decisions_one_outcome_each_and_every_answer_true
 
     kinds = Counter(f"{a.door}:{a.kind}" for a in answers)
     print("answers by door and kind:", dict(sorted(kinds.items())))
-    assert sum(n for k, n in kinds.items() if k.endswith(":lost")) >= 10  # a storm, not a queue
+    lost = sum(n for k, n in kinds.items() if k.endswith(":lost"))
+    busy = sum(n for k, n in kinds.items() if k.endswith(":busy"))
+    # A storm, not a queue: callers raced each other (lost) or met Temporal's Update limit
+    # (busy: the client's bounded backoff ran out, which a loaded machine turns some losers
+    # into); how they split moves with load. And the losers' answer was exercised.
+    assert lost + busy >= 10
+    assert lost >= 4
     assert outcome.status is TurnStatus.DONE
     final = {d.id: rig.stack.review.get(d.id, USER) for d in diffs}
     repo = rig.stack.git.repo_path(USER)
