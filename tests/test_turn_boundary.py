@@ -3,6 +3,7 @@ name one (user, turn), payloads validated by the workflow itself (a client with 
 DEFAULT converter and plain dicts stands in for TypeScript or Go), search attributes the
 workflow sets itself, and a failed step that ends the turn with a short, named error."""
 
+import asyncio
 import uuid
 from pathlib import Path
 from typing import Any
@@ -245,3 +246,28 @@ async def test_a_failed_step_ends_the_turn_with_a_short_named_error(
         handle = temporal_env.client.get_workflow_handle(turn_workflow_id("eve", "boom"))
         attributes = (await handle.describe()).typed_search_attributes
         assert attributes.get(TURN_STATUS) == "failed"
+
+
+async def test_a_turn_failing_after_its_tools_superseded_a_diff_ends_the_older_wait(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """The newer turn's tools supersede the older turn's diff, then its next model call fails
+    for good (in the same activity, so the turn never got the tools' result): the older turn
+    is still told, and does not wait days for a diff nobody can decide."""
+    script: list[dict[str, Any]] = [
+        {"content": [edit_block("student", field="name", operation="set", value="Ally")]},
+        {"text": "ok"},
+        {"content": [edit_block("student", field="name", operation="set", value="Alice")]},
+        {"status": 400, "error_type": "invalid_request_error", "message": "no"},
+    ]
+    settings = rig_settings(tmp_path / "data")
+    settings = settings.model_copy(update={"activities": _quick(2)})
+    async with running_rig(temporal_env.client, settings, script) as rig:
+        first = await rig.client.send_message("ally", "call me Ally", turn_id="older")
+        with pytest.raises(TurnFailed, match="tools_then_model failed"):
+            await rig.client.send_message("ally", "actually Alice", turn_id="newer")
+        older = await asyncio.wait_for(turn_outcome(rig.client, "ally", "older"), 60)
+        assert [d.status for d in older.decisions] == [DiffStatus.SUPERSEDED]
+        statuses = {d.id: d.status for d in DiffStore(rig.stack.engine).list("ally")}
+        newer = next(d for d in statuses if d != first.diffs[0].id)
+        assert statuses == {first.diffs[0].id: DiffStatus.SUPERSEDED, newer: DiffStatus.EXPIRED}

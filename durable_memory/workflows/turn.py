@@ -67,6 +67,7 @@ with workflow.unsafe.imports_passed_through():
         SignalledDecision,
         StartedTurn,
         StepInput,
+        ToolStepResult,
         TurnInput,
         TurnOutcome,
         TurnReply,
@@ -414,17 +415,12 @@ class TurnWorkflow:
                         **activity_options(self._activities.model_call),
                     )
                 except ActivityError:
-                    await self._learn_stored_tools(where, summary)
+                    await self._learn_stored_tools(turn, where, summary)
                     raise
                 tools, following = merged.tools, merged.next
             else:
                 tools = await self._memory_step(TurnActivities.run_tools, where, summary)
-            self._proposed.extend(tools.diff_ids)
-            if tools.diff_ids:
-                self._upsert_for_operators(DIFF_IDS.value_set(list(self._proposed)))
-            for old in tools.superseded:
-                if old.turn_id and old.turn_id != turn.turn_id:
-                    await self._tell_superseded(turn.user_id, old.turn_id, old.diff_id)
+            await self._took(turn, tools)
             if step == max_steps:
                 return result.text, True
             if following is None:
@@ -432,18 +428,29 @@ class TurnWorkflow:
             result = following
         raise AssertionError("unreachable: the loop returns at the step limit")
 
-    async def _learn_stored_tools(self, where: StepInput, summary: str) -> None:
-        """After `dmem.tools_then_model` failed for good: the diffs its tools stored, so the
-        failed turn expires them as it does every diff it proposed (the model call may be
-        what failed, after the tools proposed). `run_tools` is idempotent: run again, it
-        answers with what the first run stored. If it fails too, the turn's own failure is
-        the one reported."""
+    async def _took(self, turn: TurnInput, tools: ToolStepResult) -> None:
+        """What a tool step did, taken in: its diffs proposed (for operators too), and each
+        older turn whose diff one of them superseded told to stop waiting for it."""
+        self._proposed.extend(d for d in tools.diff_ids if d not in self._proposed)
+        if tools.diff_ids:
+            self._upsert_for_operators(DIFF_IDS.value_set(list(self._proposed)))
+        for old in tools.superseded:
+            if old.turn_id and old.turn_id != turn.turn_id:
+                await self._tell_superseded(turn.user_id, old.turn_id, old.diff_id)
+
+    async def _learn_stored_tools(self, turn: TurnInput, where: StepInput, summary: str) -> None:
+        """After `dmem.tools_then_model` failed for good: what its tools did (the model call
+        may be what failed, after they proposed), so the failed turn expires the diffs they
+        stored as it does every diff it proposed, and the older turns whose diffs those
+        superseded stop waiting for them. `run_tools` is idempotent: run again, it answers
+        with what the first run stored. If it fails too, the turn's own failure is the one
+        reported."""
         try:
             tools = await self._memory_step(TurnActivities.run_tools, where, f"{summary} (again)")
         except (FailureError, LocalStepFailed) as error:
             workflow.logger.warning("could not learn the failed step's diffs: %s", error)
             return
-        self._proposed.extend(d for d in tools.diff_ids if d not in self._proposed)
+        await self._took(turn, tools)
 
     @staticmethod
     def _where(turn: TurnInput, step: int) -> StepInput:
