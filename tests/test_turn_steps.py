@@ -2,6 +2,8 @@
 recall, and that a retried step (the activity run again after a crash) reuses what the first
 attempt stored instead of calling the model again or adding rows or diffs."""
 
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +20,8 @@ from tests.support.agent_helpers import (
     scripted_steps,
     tool_use,
 )
-from tests.support.memory import MemoryRig
+from tests.support.memory import MemoryRig, memory_rig
+from tests.test_memory_tool import NOTES, NOTES_MARKDOWN, claude_profile, memory_call
 
 SEARCH = tool_use("conversation_search", query="essay")
 PROPOSE = edit_block("human", operation="learn_preference", value="Socratic questions")
@@ -153,3 +156,36 @@ def test_a_turn_keeps_its_context_only_while_its_agent_loop_runs(
     )
     assert stopped.stopped_at_step_limit
     assert _stored_contexts(engine) == 0
+
+
+@pytest.mark.parametrize("settled_by", ["a standing approval", "a person"])
+def test_tools_run_again_after_their_edit_was_applied_answer_the_same_diffs(
+    engine: Engine, data_dir: Path, settled_by: str
+) -> None:
+    """A step's tools run again (its activity retried: the model call after them failed once)
+    after the edit they proposed was applied: Claude's memory tool now refuses the same
+    command (the block already says it), yet the step's answer still names the diff, or the
+    turn would never report it, check its block for rotation, nor tell a superseded turn."""
+    svc = memory_rig(engine, data_dir, claude_profile())
+    svc.blocks.ensure_user("alice")
+    if settled_by == "a standing approval":  # commits the edit as it is proposed
+        svc.policies.set("alice", "notes", ["rethink"], "ms-rivera", datetime.now(UTC) + MONTH)
+    coffee = memory_call(
+        command="create", path=NOTES, file_text=NOTES_MARKDOWN.replace("tea", "coffee")
+    )
+    turn = TurnInput(user_id="alice", turn_id="t1", message="I like coffee now")
+    step = StepInput(user_id="alice", turn_id="t1", step=1)
+    with scripted_steps(svc, engine, [{"content": [coffee]}]) as (steps, _):
+        steps.prepare(turn)
+        steps.call_model(step)
+        first = steps.run_tools(step)
+        assert len(first.diff_ids) == 1
+        if settled_by == "a person":
+            svc.review.approve(first.diff_ids[0], "ms-rivera", user_id="alice")
+        assert "Likes coffee" in svc.blocks.read_block("alice", "notes").value
+        assert steps.run_tools(step) == first
+        assert steps.step_diffs(step) == first  # read only: what a failed step proposed
+    assert [d.id for d in svc.diffs.list("alice")] == first.diff_ids
+
+
+MONTH = timedelta(days=30)

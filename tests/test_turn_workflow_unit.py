@@ -66,6 +66,10 @@ class StandInActivities:
     settings: WorkerTurnSettings = field(default_factory=lambda: Settings().turn_settings())
     """What the worker's configuration says (the `dmem.turn_settings` local activity)."""
     calls: list[tuple[str, Any]] = field(default_factory=list)
+    stored: set[int] = field(default_factory=set)
+    """The steps whose tools ran to the end (their diff is in the store)."""
+    lookup_fails: bool = False
+    """Reading what a step's tools stored fails (retryably, as a database down would)."""
 
     @activity.defn(name="dmem.turn_settings")
     async def turn_settings(self) -> WorkerTurnSettings:
@@ -97,7 +101,17 @@ class StandInActivities:
         if step.step == self.failing_tools:
             raise ApplicationError("the store is gone", type="UnsafeFile", non_retryable=True)
         # Idempotent, as the real one: a step's tools propose the same diff when run again.
+        self.stored.add(step.step)
         return ToolStepResult(diff_ids=[_diff_id(step.step)], superseded=[])
+
+    @activity.defn(name="dmem.step_diffs")
+    async def step_diffs(self, step: StepInput) -> ToolStepResult:
+        """What the step's tools stored, running none (as the real one reads the store)."""
+        self.calls.append(("step_diffs", step.step))
+        if self.lookup_fails:
+            raise ApplicationError("the database is down", type="StoreUnavailable")
+        stored = [_diff_id(step.step)] if step.step in self.stored else []
+        return ToolStepResult(diff_ids=stored, superseded=[])
 
     @activity.defn(name="dmem.tools_then_model")
     async def tools_then_model(self, step: StepInput) -> ToolsThenModel:
@@ -147,6 +161,7 @@ class StandInActivities:
             self.call_model,
             self.run_tools,
             self.tools_then_model,
+            self.step_diffs,
             self.finish_turn,
             self.decide,
             self.expire_diffs,
@@ -276,17 +291,18 @@ async def test_a_failing_step_ends_the_turn_naming_it_and_expires_its_diffs(
         ("call_model", 1),
         ("run_tools", 1),
         ("call_model", 2),
-        # The failed activity had run step 1's tools: run again, they name the diff they
-        # stored, so the turn expires it (nobody was shown it: it does not stay pending).
-        ("run_tools", 1),
+        # The failed activity had run step 1's tools: the store names the diff they
+        # proposed, so the turn expires it (nobody was shown it: it does not stay pending).
+        ("step_diffs", 1),
         ("expire_diffs", [_diff_id(1)]),
     ]
 
 
+@pytest.mark.parametrize("lookup_fails", [False, True])
 async def test_failing_tools_end_the_turn_naming_the_step_they_ran_in(
-    time_skipping_env: WorkflowEnvironment,
+    time_skipping_env: WorkflowEnvironment, lookup_fails: bool
 ) -> None:
-    stand_ins = StandInActivities(model_steps=[1, 1, 0], failing_tools=2)
+    stand_ins = StandInActivities(model_steps=[1, 1, 0], failing_tools=2, lookup_fails=lookup_fails)
     async with started_turn(time_skipping_env, stand_ins) as handle:
         with pytest.raises(WorkflowUpdateFailedError) as reply_error:
             await handle.execute_update("reply", result_type=TurnReply)
@@ -303,7 +319,9 @@ async def test_failing_tools_end_the_turn_naming_the_step_they_ran_in(
         ("run_tools", 1),
         ("call_model", 2),
         ("run_tools", 2),  # in tools_then_model: fails, the model is not called
-        ("run_tools", 2),  # run again to learn its diffs: fails again, nothing learnt
+        # What they stored: nothing (no tool is run again); tried once, failing or not, so
+        # the decided failure is neither held back nor acted on.
+        ("step_diffs", 2),
         ("expire_diffs", [_diff_id(1)]),  # step 1's diff, which the turn had learnt
     ]
 

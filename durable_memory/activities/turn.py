@@ -108,6 +108,13 @@ class TurnActivities:
         with classified_errors(), self.stack.git.pinned():
             return self.steps.run_tools(step)
 
+    @activity.defn(name="dmem.step_diffs")
+    def step_diffs(self, step: StepInput) -> ToolStepResult:
+        """What a step's tool calls proposed, read from the store, running no tool: for a turn
+        whose `tools_then_model` failed after its tools may have proposed."""
+        with classified_errors(), self.stack.git.pinned():
+            return self.steps.step_diffs(step)
+
     @activity.defn(name="dmem.tools_then_model")
     def tools_then_model(self, step: StepInput) -> ToolsThenModel:
         """`run_tools` of `step`, then `call_model` of the step after it: one activity where a

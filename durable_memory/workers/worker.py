@@ -75,6 +75,7 @@ def activities_for(
         turns.call_model,
         turns.run_tools,
         turns.tools_then_model,
+        turns.step_diffs,
         turns.finish_turn,
         turns.decide,
         turns.expire_diffs,

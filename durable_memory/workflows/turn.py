@@ -30,6 +30,7 @@ types; `decision_queue`: the queue and its answers).
 """
 
 import contextlib
+import dataclasses
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
@@ -442,12 +443,20 @@ class TurnWorkflow:
         """After `dmem.tools_then_model` failed for good: what its tools did (the model call
         may be what failed, after they proposed), so the failed turn expires the diffs they
         stored as it does every diff it proposed, and the older turns whose diffs those
-        superseded stop waiting for them. `run_tools` is idempotent: run again, it answers
-        with what the first run stored. If it fails too, the turn's own failure is the one
-        reported."""
+        superseded stop waiting for them. Read from the store by a local activity that runs
+        no tool, tried once: the turn's failure is decided, so nothing may be done in its
+        name now, nor its answer held back by retries. If the read fails too, the turn's own
+        failure is the one reported."""
+        options = activity_options(self._activities.memory)
+        options["retry_policy"] = dataclasses.replace(options["retry_policy"], maximum_attempts=1)
         try:
-            tools = await self._memory_step(TurnActivities.run_tools, where, f"{summary} (again)")
-        except (FailureError, LocalStepFailed) as error:
+            tools = await workflow.execute_local_activity_method(
+                TurnActivities.step_diffs,
+                where,
+                summary=f"what the failed step's tools proposed ({summary})",
+                **options,
+            )
+        except FailureError as error:
             workflow.logger.warning("could not learn the failed step's diffs: %s", error)
             return
         await self._took(turn, tools)

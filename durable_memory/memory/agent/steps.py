@@ -33,7 +33,7 @@ from durable_memory.memory.agent.context import (
     warm_base,
 )
 from durable_memory.memory.agent.tool_specs import check_input_size, tool_definitions
-from durable_memory.memory.agent.tools import MemoryTools
+from durable_memory.memory.agent.tools import MemoryTools, call_diff_id
 from durable_memory.memory.archive.protocol import ArchiveStore
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.core.limits import LimitExceeded, cut_text
@@ -322,12 +322,14 @@ class TurnSteps:
         )
 
     def run_tools(self, step: StepInput) -> ToolStepResult:
-        """Execute the tool calls of a step's reply; edits become pending diffs."""
+        """Execute the tool calls of a step's reply; edits become pending diffs. The answer is
+        what the store holds for the step's calls (`step_diffs`), not what this run's tools
+        said: run again after its edits were applied (a standing approval commits one at
+        once, a person may approve one before the step is retried), a tool refuses the same
+        command ("changes nothing", "old_str did not appear"), yet its diff is the step's."""
         self.sources.blocks.refuse_if_forgotten(step.user_id)
-        reply = self.turns.reply(step.user_id, step.turn_id, step.step)
-        if reply is None:
-            raise DurableMemoryError(f"turn {step.turn_id} step {step.step} has no reply")
-        results, diff_ids = [], []
+        reply = self._reply_of(step)
+        results = []
         for use in reply.tool_uses:
             outcome = self.tools.execute(
                 step.user_id, step.turn_id, use.name, use.input, call_id=use.id
@@ -337,17 +339,33 @@ class TurnSteps:
                     tool_use_id=use.id, content=outcome.content, is_error=outcome.is_error
                 )
             )
-            if outcome.diff_id:
-                diff_ids.append(outcome.diff_id)
         self.sources.recall.record(
             step.user_id,
             step.turn_id,
             result_messages(results),
             first_seq=TurnPositions.results_seq(step.step),
         )
+        return self._diffs_of(step, reply)
+
+    def step_diffs(self, step: StepInput) -> ToolStepResult:
+        """What a step's tool calls proposed, as the store holds it (each call's diff found by
+        the id derived from the call) and the older diffs those superseded, running no tool:
+        read only. For a turn whose step failed after its tools may have proposed."""
+        return self._diffs_of(step, self._reply_of(step))
+
+    def _reply_of(self, step: StepInput) -> ModelReply:
+        reply = self.turns.reply(step.user_id, step.turn_id, step.step)
+        if reply is None:
+            raise DurableMemoryError(f"turn {step.turn_id} step {step.step} has no reply")
+        return reply
+
+    def _diffs_of(self, step: StepInput, reply: ModelReply) -> ToolStepResult:
+        review = self.sources.review
+        derived = [call_diff_id(step.user_id, step.turn_id, use.id) for use in reply.tool_uses]
+        diff_ids = review.existing(step.user_id, derived)
         superseded = [
             SupersededDiff(diff_id=d.id, turn_id=d.proposer.turn_id)
-            for d in self.sources.review.superseded_by(step.user_id, diff_ids)
+            for d in review.superseded_by(step.user_id, diff_ids)
         ]
         return ToolStepResult(diff_ids=diff_ids, superseded=superseded)
 

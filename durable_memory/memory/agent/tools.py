@@ -71,6 +71,12 @@ from durable_memory.models.operations import (
 _DIFF_NAMESPACE = uuid.UUID("0b7c2a55-8f3e-4a51-9d0e-3c6b1f2e7a90")
 
 
+def call_diff_id(user_id: str, turn_id: str, call_id: str) -> str:
+    """The id of the diff a tool call of a user's turn proposes, if it proposes one: derived
+    from the call, so the call run again finds its diff instead of proposing a second."""
+    return uuid.uuid5(_DIFF_NAMESPACE, f"{user_id}/{turn_id}/{call_id}").hex
+
+
 @dataclass(frozen=True)
 class ToolOutcome:
     content: str
@@ -201,9 +207,7 @@ class MemoryTools:
             check_input_size(name, arguments)
         except DurableMemoryError as error:
             return ToolOutcome(f"{name} failed: {error}", is_error=True)
-        diff_id = (
-            uuid.uuid5(_DIFF_NAMESPACE, f"{user_id}/{turn_id}/{call_id}").hex if call_id else None
-        )
+        diff_id = call_diff_id(user_id, turn_id, call_id) if call_id else None
         if name == MEMORY_TOOL_NAME:
             return self._memory(user_id, turn_id, arguments, diff_id)
         args_type = TOOL_DOCS[name][0]

@@ -157,6 +157,10 @@ class Review:
         found = self._diffs.list(user_id, statuses, label=label, limit=limit)
         return [d for d in found if d.proposer.turn_id is not None]
 
+    def existing(self, user_id: str, diff_ids: list[str]) -> list[str]:
+        """Those of `diff_ids` that name a diff of the user, in the order given."""
+        return self._diffs.existing(user_id, diff_ids)
+
     def superseded_by(self, user_id: str, diff_ids: list[str]) -> list[PendingDiff]:
         """The user's diffs that these newer proposals superseded."""
         return self._diffs.superseded_by(user_id, diff_ids)

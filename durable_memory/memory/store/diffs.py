@@ -126,6 +126,21 @@ class DiffStore:
             row = session.get(PendingDiffRow, validate_diff_id(diff_id))
             return _to_model(row) if row is not None and row.user_id == user_id else None
 
+    def existing(self, user_id: str, diff_ids: list[str]) -> list[str]:
+        """Those of `diff_ids` that name a diff of the user, in the order given."""
+        if not diff_ids:
+            return []
+        table = PendingDiffRow.__table__  # type: ignore[attr-defined]
+        with reading(self.engine) as connection:
+            found = set(
+                connection.execute(
+                    select_columns(table.c.id).where(
+                        table.c.user_id == user_id, table.c.id.in_(diff_ids)
+                    )
+                ).scalars()
+            )
+        return [d for d in diff_ids if d in found]
+
     def superseded_by(self, user_id: str, diff_ids: list[str]) -> list[PendingDiff]:
         """The user's diffs that the given (newer) diffs of theirs superseded."""
         if not diff_ids:

@@ -174,9 +174,11 @@ class RecallStore:
         first_seq: int = 0,
         at: datetime | None = None,
     ) -> None:
-        """`append` for a caller that does not need the rows back (a turn's steps): one
-        statement, an insert that keeps a message already stored at its position (a step run
-        again after a crash), where `append` reads the positions, inserts and reads back."""
+        """`append` for a caller that does not need the rows back (a turn's steps): an insert
+        that keeps a message already stored at its position (a step run again after a crash),
+        one round trip, where `append` reads the positions, inserts and reads back. Several
+        messages are one executemany: a write cut short between rows is completed by the
+        step's retry (the positions are fixed)."""
         validate_user_id(user_id)
         stamp = utc(at or datetime.now(UTC))
         rows = [
