@@ -125,45 +125,24 @@ class RecallStore:
         at: datetime | None = None,
     ) -> list[RecallMessage]:
         """Store messages numbered from `first_seq` in a turn; already stored ones are kept.
-        Plain statements, not ORM objects: every step of a turn appends (a select of the
-        positions, one insert of the new rows, a select of what is stored)."""
-        validate_user_id(user_id)
-        stamp = utc(at or datetime.now(UTC))
-        wanted = {first_seq + offset: message for offset, message in enumerate(messages)}
-        if not wanted:
+        Returns what is stored at those positions (`record`, then a read of the rows)."""
+        self.record(user_id, turn_id, messages, first_seq=first_seq, at=at)
+        if not messages:
             return []
+        seqs = [first_seq + offset for offset in range(len(messages))]
         table = RecallMessageRow.__table__  # type: ignore[attr-defined]
-        of_turn = (table.c.user_id == user_id, table.c.turn_id == turn_id)
-        with self.engine.begin() as connection:
-            stored = set(
-                connection.execute(
-                    select_columns(table.c.seq).where(*of_turn, table.c.seq.in_(list(wanted)))
-                ).scalars()
-            )
-            new = [
-                {
-                    "user_id": user_id,
-                    "turn_id": turn_id,
-                    "seq": seq,
-                    "role": message.role.value,
-                    "content": message.content,
-                    "tool_name": message.tool_name,
-                    "tool_call_id": message.tool_call_id,
-                    "is_error": message.is_error,
-                    "created_at": stamp,
-                }
-                for seq, message in wanted.items()
-                if seq not in stored
-            ]
-            if new:
-                connection.execute(table.insert(), new)
+        with reading(self.engine) as connection:
             rows = {
                 row.seq: row
                 for row in connection.execute(
-                    _plain_select().where(*of_turn, table.c.seq.in_(list(wanted)))
+                    _plain_select().where(
+                        table.c.user_id == user_id,
+                        table.c.turn_id == turn_id,
+                        table.c.seq.in_(seqs),
+                    )
                 )
             }
-        return [_from_row(rows[seq]) for seq in wanted]
+        return [_from_row(rows[seq]) for seq in seqs]
 
     def record(
         self,
@@ -174,11 +153,11 @@ class RecallStore:
         first_seq: int = 0,
         at: datetime | None = None,
     ) -> None:
-        """`append` for a caller that does not need the rows back (a turn's steps): an insert
-        that keeps a message already stored at its position (a step run again after a crash),
-        one round trip, where `append` reads the positions, inserts and reads back. Several
-        messages are one executemany: a write cut short between rows is completed by the
-        step's retry (the positions are fixed)."""
+        """Store messages numbered from `first_seq` in a turn, keeping a message already
+        stored at its position (a step run again after a crash): an insert that keeps stored
+        rows, one round trip; for a caller that does not need the rows back (a turn's steps).
+        Several messages are one executemany: a write cut short between rows is completed by
+        the step's retry (the positions are fixed)."""
         validate_user_id(user_id)
         stamp = utc(at or datetime.now(UTC))
         rows = [
