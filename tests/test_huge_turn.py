@@ -16,6 +16,7 @@ from durable_memory.client import TurnFailed
 from durable_memory.memory.agent.steps import TurnPositions
 from durable_memory.models.limits import MAX_REPLY_TEXT_CHARS, MAX_TOOL_CALLS_PER_REPLY
 from durable_memory.models.recall import MessageRole
+from tests.support.agent_helpers import edit_block
 from tests.support.snapshots import snapshot
 from tests.support.temporal_helpers import rig_settings, running_rig, turn_outcome
 
@@ -100,3 +101,28 @@ async def test_a_reply_with_more_tool_calls_than_recall_holds_fails_its_step(
         again = await rig.client.send_message("alice", "and now?", turn_id="t2")
         assert again.reply == "fine"
         assert snapshot(rig.stack)["repos"] == before
+
+
+@pytest.mark.parametrize(
+    "ids", [["", "toolu_b"], ["toolu_a", "toolu_a"]], ids=["empty", "repeated"]
+)
+async def test_a_reply_whose_tool_call_ids_are_empty_or_repeated_fails_its_step(
+    temporal_env: WorkflowEnvironment, tmp_path: Path, ids: list[str]
+) -> None:
+    """A diff's id derives from its tool call's id, and a step reports the diffs found under
+    those ids: a call without an id, or two calls sharing one, would leave a proposal no turn
+    reports or waits for. The step fails with one clear error, nothing of the reply stored."""
+    edit = edit_block("student", field="name", operation="set", value="Eve")
+    calls = [{**edit, "id": ids[0]}, {**edit, "id": ids[1]}]
+    script: list[dict[str, Any]] = [{"content": calls}, {"text": "fine"}]
+    async with running_rig(temporal_env.client, rig_settings(tmp_path / "data"), script) as rig:
+        rig.stack.blocks.ensure_user("alice")
+        before = snapshot(rig.stack)
+        with pytest.raises(TurnFailed, match="id is empty or repeats another's"):
+            await rig.client.send_message("alice", "I'm Eve", turn_id="t1")
+        assert [m.role for m in rig.stack.recall.turn("alice", "t1", 0)] == [MessageRole.USER]
+        assert rig.stack.review.pending("alice") == []
+        assert len(rig.model_server.requests) == 1  # refused, not asked again
+        again = await rig.client.send_message("alice", "and now?", turn_id="t2")
+        assert again.reply == "fine"
+        assert snapshot(rig.stack)["repos"] == before["repos"]

@@ -185,6 +185,12 @@ def test_tools_run_again_after_their_edit_was_applied_answer_the_same_diffs(
         assert "Likes coffee" in svc.blocks.read_block("alice", "notes").value
         assert steps.run_tools(step) == first
         assert steps.step_diffs(step) == first  # read only: what a failed step proposed
+        # And the call's own answer, which the model sees if the first run's was never
+        # recorded: the edit it proposed, not "changes nothing".
+        [use] = TurnStore(engine).reply("alice", "t1", 1).tool_uses  # type: ignore[union-attr]
+        again = steps.tools.execute("alice", "t1", use.name, use.input, call_id=use.id)
+        assert (again.diff_id, again.is_error) == (first.diff_ids[0], False)
+        assert again.content.startswith(f"Proposed edit {first.diff_ids[0]} to {NOTES}")
     assert [d.id for d in svc.diffs.list("alice")] == first.diff_ids
 
 

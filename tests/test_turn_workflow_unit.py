@@ -41,7 +41,7 @@ from durable_memory.models.turn import (
     WorkerTurnSettings,
     turn_workflow_id,
 )
-from durable_memory.workflows.turn import TurnWorkflow
+from durable_memory.workflows.turn import LEARN_ATTEMPTS, TurnWorkflow
 from durable_memory.workflows.turn_boundary import TURN_WORKFLOW
 from tests.support.temporal_helpers import local_activity_types, scheduled_activity_types
 
@@ -319,9 +319,9 @@ async def test_failing_tools_end_the_turn_naming_the_step_they_ran_in(
         ("run_tools", 1),
         ("call_model", 2),
         ("run_tools", 2),  # in tools_then_model: fails, the model is not called
-        # What they stored: nothing (no tool is run again); tried once, failing or not, so
-        # the decided failure is neither held back nor acted on.
-        ("step_diffs", 2),
+        # What they stored, read (no tool runs again): nothing; a read that fails is tried
+        # at most LEARN_ATTEMPTS times, then the turn's own failure is reported.
+        *[("step_diffs", 2)] * (LEARN_ATTEMPTS if lookup_fails else 1),
         ("expire_diffs", [_diff_id(1)]),  # step 1's diff, which the turn had learnt
     ]
 

@@ -172,6 +172,9 @@ ROTATION_CHECK_AFTER_STANDING_APPROVALS = "rotation-check-after-standing-approva
 left such a block to the next scheduled sweep. Histories without a standing approval take no
 marker: the check is asked only when one applied."""
 
+LEARN_ATTEMPTS = 3
+"""The most attempts of `dmem.step_diffs`, the read a failed turn makes of its step's diffs."""
+
 MIN_TIMER = timedelta(milliseconds=1)
 
 RECENT_REJECTIONS = 10
@@ -444,11 +447,15 @@ class TurnWorkflow:
         may be what failed, after they proposed), so the failed turn expires the diffs they
         stored as it does every diff it proposed, and the older turns whose diffs those
         superseded stop waiting for them. Read from the store by a local activity that runs
-        no tool, tried once: the turn's failure is decided, so nothing may be done in its
-        name now, nor its answer held back by retries. If the read fails too, the turn's own
-        failure is the one reported."""
+        no tool: the turn's failure is decided, so no tool may run in its name now (one that
+        failed on an outage would propose or archive for a failed turn). A read is safe to
+        retry: under the `memory` policy, at most `LEARN_ATTEMPTS` times, so the failure's
+        answer is not held back long. If the read fails too, the turn's own failure is the
+        one reported."""
         options = activity_options(self._activities.memory)
-        options["retry_policy"] = dataclasses.replace(options["retry_policy"], maximum_attempts=1)
+        policy = options["retry_policy"]
+        attempts = min(policy.maximum_attempts or LEARN_ATTEMPTS, LEARN_ATTEMPTS)
+        options["retry_policy"] = dataclasses.replace(policy, maximum_attempts=attempts)
         try:
             tools = await workflow.execute_local_activity_method(
                 TurnActivities.step_diffs,

@@ -139,6 +139,24 @@ def _is_directory(path: str) -> bool:
     return False
 
 
+def proposal_text(diff: PendingDiff) -> str:
+    """What the model is told of the edit it proposed: its id and summary, and whether it
+    awaits a person or was settled at once (a standing approval)."""
+    settled = settled_ahead(diff)
+    if settled is not None:
+        return (
+            f"Proposed edit {diff.id} to {_file(diff.label)}: "
+            f"{json.dumps(diff.summary, ensure_ascii=False)}. {settled}"
+        )
+    return (
+        f"Proposed edit {diff.id} to {_file(diff.label)}: "
+        f"{json.dumps(diff.summary, ensure_ascii=False)}. It awaits a person's approval and "
+        f"is not in memory yet; view {_file(diff.label)} shows it among your pending "
+        "proposals. A new edit of this file replaces it, so put all your changes to one "
+        "file in one edit, and do not propose this one again."
+    )
+
+
 class ProposingMemoryTool(BetaAbstractMemoryTool):
     """One memory tool call of one user in one turn. An edit's proposal, if the call made
     one, is `proposed` afterwards."""
@@ -303,19 +321,7 @@ class ProposingMemoryTool(BetaAbstractMemoryTool):
             read_at=block.sha,
         )
         self.proposed = diff
-        settled = settled_ahead(diff)
-        if settled is not None:
-            return (
-                f"Proposed edit {diff.id} to {_file(block.label)}: "
-                f"{json.dumps(diff.summary, ensure_ascii=False)}. {settled}"
-            )
-        return (
-            f"Proposed edit {diff.id} to {_file(block.label)}: "
-            f"{json.dumps(diff.summary, ensure_ascii=False)}. It awaits a person's approval and "
-            f"is not in memory yet; view {_file(block.label)} shows it among your pending "
-            "proposals. A new edit of this file replaces it, so put all your changes to one "
-            "file in one edit, and do not propose this one again."
-        )
+        return proposal_text(diff)
 
     def create(self, command: BetaMemoryTool20250818CreateCommand) -> str:
         block = self._editable(command.path, "create")

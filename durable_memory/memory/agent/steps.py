@@ -32,6 +32,7 @@ from durable_memory.memory.agent.context import (
     to_chat_messages,
     warm_base,
 )
+from durable_memory.memory.agent.llm import ModelCallError
 from durable_memory.memory.agent.tool_specs import check_input_size, tool_definitions
 from durable_memory.memory.agent.tools import MemoryTools, call_diff_id
 from durable_memory.memory.archive.protocol import ArchiveStore
@@ -82,9 +83,11 @@ def _bounded_preview(unified_diff: str) -> str:
 
 
 def check_tool_calls(reply: ModelReply) -> None:
-    """Refuse a reply with more tool calls than its place in recall holds (a misbehaving model
-    server): the turn fails at this step, nothing of the reply stored, rather than results
-    overwriting the next step's messages."""
+    """Refuse a reply with more tool calls than its place in recall holds, or with a call
+    whose id is empty or repeats another's (a misbehaving model server): the turn fails at
+    this step, nothing of the reply stored, rather than results overwriting the next step's
+    messages, or a call's diff going unfound (a diff's id derives from its call's id, and the
+    step reports the diffs found under those ids)."""
     if len(reply.tool_uses) > MAX_TOOL_CALLS_PER_REPLY:
         raise LimitExceeded(
             "the model's tool calls in one reply",
@@ -92,6 +95,12 @@ def check_tool_calls(reply: ModelReply) -> None:
             MAX_TOOL_CALLS_PER_REPLY,
             "ask for fewer tools at a time",
             unit="calls",
+        )
+    ids = [use.id for use in reply.tool_uses]
+    if not all(ids) or len(set(ids)) != len(ids):
+        raise ModelCallError(
+            "the model's reply has a tool call whose id is empty or repeats another's",
+            retryable=False,
         )
 
 

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from durable_memory.memory.agent.memory_tool import (
     ProposingMemoryTool,
     parse_command,
+    proposal_text,
     settled_ahead,
 )
 from durable_memory.memory.agent.tool_specs import (
@@ -248,6 +249,12 @@ class MemoryTools:
         """Claude's memory tool (memory_tool.py): its edits become pending diffs."""
         tool = ProposingMemoryTool(self.blocks, self.review, user_id, turn_id, diff_id)
         try:
+            # The call run again (its step retried): its edit may be in memory already (a
+            # standing approval, or a person, settled it), so the command would now change
+            # nothing and be refused. Answer what the first run proposed instead.
+            again = self.review.proposed_again(diff_id, user_id) if diff_id else None
+            if again is not None:
+                return ToolOutcome(proposal_text(again), diff_id=again.id)
             content = tool.execute(parse_command(arguments))
         except (ToolError, DurableMemoryError) as error:
             if isinstance(error, DurableMemoryError) and error.retryable:

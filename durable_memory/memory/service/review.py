@@ -79,9 +79,9 @@ class Review:
         the diff returned is approved with its commit (or conflicted), not pending.
         """
         if diff_id is not None:
-            existing = self._diffs.find(diff_id, user_id)
-            if existing is not None:
-                return self._settle_again(existing)
+            again = self.proposed_again(diff_id, user_id)
+            if again is not None:
+                return again
         spec = self._access.spec(user_id, label)
         if spec.read_only:
             raise ReadOnlyBlock(f"block '{label}' is read-only; it cannot be edited by the agent")
@@ -110,6 +110,12 @@ class Review:
         standing = self._policies.approving(user_id, label, op)
         self._diffs.create(diff)
         return diff if standing is None else self._approve_standing(diff, standing)
+
+    def proposed_again(self, diff_id: str, user_id: str) -> PendingDiff | None:
+        """The user's diff already proposed under `diff_id` (a tool call run again), with what
+        the first proposal began finished (below); None if there is none."""
+        existing = self._diffs.find(diff_id, user_id)
+        return None if existing is None else self._settle_again(existing)
 
     def _settle_again(self, diff: PendingDiff) -> PendingDiff:
         """A proposal made again (a retried step): finish what the first attempt began, an

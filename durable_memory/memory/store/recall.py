@@ -125,7 +125,8 @@ class RecallStore:
         at: datetime | None = None,
     ) -> list[RecallMessage]:
         """Store messages numbered from `first_seq` in a turn; already stored ones are kept.
-        Returns what is stored at those positions (`record`, then a read of the rows)."""
+        Returns what is stored at those positions (`record`, then a read of the rows; a row
+        deleted in between, by a forget, is left out)."""
         self.record(user_id, turn_id, messages, first_seq=first_seq, at=at)
         if not messages:
             return []
@@ -142,7 +143,7 @@ class RecallStore:
                     )
                 )
             }
-        return [_from_row(rows[seq]) for seq in seqs]
+        return [_from_row(rows[seq]) for seq in seqs if seq in rows]
 
     def record(
         self,
