@@ -126,3 +126,27 @@ async def test_a_reply_whose_tool_call_ids_are_empty_or_repeated_fails_its_step(
         again = await rig.client.send_message("alice", "and now?", turn_id="t2")
         assert again.reply == "fine"
         assert snapshot(rig.stack)["repos"] == before["repos"]
+
+
+async def test_a_tool_call_id_an_earlier_step_used_fails_its_step(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """A second step's edit reusing the first step's call id would be taken for that call's
+    diff (proposing again under an id returns the diff stored under it): the edit silently
+    lost. The step fails instead, its reply not stored, and nothing is proposed."""
+    search = {"type": "tool_use", "id": "toolu_a", "name": "conversation_search"}
+    edit = edit_block("student", field="name", operation="set", value="Eve")
+    script: list[dict[str, Any]] = [
+        {"content": [{**search, "input": {"query": "x"}}]},
+        {"content": [{**edit, "id": "toolu_a"}]},
+        {"text": "fine"},
+    ]
+    async with running_rig(temporal_env.client, rig_settings(tmp_path / "data"), script) as rig:
+        rig.stack.blocks.ensure_user("alice")
+        with pytest.raises(TurnFailed, match=r"dmem\.tools_then_model failed: .*repeats another's"):
+            await rig.client.send_message("alice", "I'm Eve", turn_id="t1")
+        stored = [m.seq for m in rig.stack.recall.turn("alice", "t1", 0)]
+        assert stored == [0, 1000, 1500]  # the message, step 1's call and its result
+        assert rig.stack.review.pending("alice") == []
+        again = await rig.client.send_message("alice", "and now?", turn_id="t2")
+        assert again.reply == "fine"

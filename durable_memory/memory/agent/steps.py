@@ -18,7 +18,7 @@ steps that rely on it.
 """
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
 from typing import Final, Protocol
 
@@ -82,12 +82,13 @@ def _bounded_preview(unified_diff: str) -> str:
 """Characters of diff previews shown as a workflow's current details in the UI."""
 
 
-def check_tool_calls(reply: ModelReply) -> None:
+def check_tool_calls(reply: ModelReply, used: Collection[str] = ()) -> None:
     """Refuse a reply with more tool calls than its place in recall holds, or with a call
-    whose id is empty or repeats another's (a misbehaving model server): the turn fails at
-    this step, nothing of the reply stored, rather than results overwriting the next step's
-    messages, or a call's diff going unfound (a diff's id derives from its call's id, and the
-    step reports the diffs found under those ids)."""
+    whose id is empty or repeats another's, in the reply or among `used` (the turn's earlier
+    calls): a misbehaving model server. The turn fails at this step, nothing of the reply
+    stored, rather than results overwriting the next step's messages, or a call's edit being
+    taken for an earlier call's diff, or its diff going unfound (a diff's id derives from its
+    call's id, and the step reports the diffs found under those ids)."""
     if len(reply.tool_uses) > MAX_TOOL_CALLS_PER_REPLY:
         raise LimitExceeded(
             "the model's tool calls in one reply",
@@ -97,7 +98,7 @@ def check_tool_calls(reply: ModelReply) -> None:
             unit="calls",
         )
     ids = [use.id for use in reply.tool_uses]
-    if not all(ids) or len(set(ids)) != len(ids):
+    if not all(ids) or len(set(ids)) != len(ids) or not set(ids).isdisjoint(used):
         raise ModelCallError(
             "the model's reply has a tool call whose id is empty or repeats another's",
             retryable=False,
@@ -311,7 +312,7 @@ class TurnSteps:
             ttl = None if settings.cache_ttl == "off" else settings.cache_ttl
             request = model_request(context, continuation, ttl)
             reply = self.model.create(settings, request.system, request.messages, request.tools)
-            check_tool_calls(reply)
+            check_tool_calls(reply, {m.tool_call_id for m in earlier if m.tool_call_id})
             self.sources.blocks.refuse_if_forgotten(step.user_id)
             reply = self.turns.save_reply(step.user_id, step.turn_id, step.step, reply)
             crash_point(AFTER_MODEL_CALL)
