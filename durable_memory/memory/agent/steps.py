@@ -335,8 +335,9 @@ class TurnSteps:
         """Execute the tool calls of a step's reply; edits become pending diffs. The answer is
         what the store holds for the step's calls (`step_diffs`), not what this run's tools
         said: run again after its edits were applied (a standing approval commits one at
-        once, a person may approve one before the step is retried), a tool refuses the same
-        command ("changes nothing", "old_str did not appear"), yet its diff is the step's."""
+        once, a person may approve one before the step is retried), a tool's answer may
+        differ from its first (the command now changes nothing), yet its diff is the
+        step's."""
         self.sources.blocks.refuse_if_forgotten(step.user_id)
         reply = self._reply_of(step)
         results = []
