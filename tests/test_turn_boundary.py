@@ -266,6 +266,9 @@ async def test_a_turn_failing_after_its_tools_superseded_a_diff_ends_the_older_w
         first = await rig.client.send_message("ally", "call me Ally", turn_id="older")
         with pytest.raises(TurnFailed, match="tools_then_model failed"):
             await rig.client.send_message("ally", "actually Alice", turn_id="newer")
+        # The reply is answered first; the failed turn then expires its diffs and ends.
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(turn_outcome(rig.client, "ally", "newer"), 60)
         older = await asyncio.wait_for(turn_outcome(rig.client, "ally", "older"), 60)
         assert [d.status for d in older.decisions] == [DiffStatus.SUPERSEDED]
         statuses = {d.id: d.status for d in DiffStore(rig.stack.engine).list("ally")}
