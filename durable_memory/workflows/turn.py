@@ -473,7 +473,6 @@ class TurnWorkflow:
         return StepInput(user_id=turn.user_id, turn_id=turn.turn_id, step=step)
 
     async def _model_call(self, where: StepInput) -> ModelStepResult:
-        assert self._settings is not None
         return await workflow.execute_activity_method(
             TurnActivities.call_model,
             where,

@@ -252,10 +252,12 @@ class MemoryTools:
             # The call run again (its step retried): its edit may be in memory already (a
             # standing approval, or a person, settled it), so the command would now change
             # nothing and be refused. Answer what the first run proposed instead.
-            again = self.review.proposed_again(diff_id, user_id) if diff_id else None
+            command = parse_command(arguments)
+            proposes = command.command != "view"  # a view never proposes: no lookup
+            again = self.review.proposed_again(diff_id, user_id) if diff_id and proposes else None
             if again is not None:
                 return ToolOutcome(proposal_text(again), diff_id=again.id)
-            content = tool.execute(parse_command(arguments))
+            content = tool.execute(command)
         except (ToolError, DurableMemoryError) as error:
             if isinstance(error, DurableMemoryError) and error.retryable:
                 raise  # as for edit_memory_block: the step is retried, not reported failed

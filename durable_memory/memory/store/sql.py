@@ -121,8 +121,8 @@ def writing_once(engine: Engine) -> Iterator[Connection]:
     statement when it closes). A second statement in the block, where one is allowed, shares
     the first's transaction on SQLite only: it must not need to."""
     if engine.dialect.name == "postgresql":
-        with engine.connect() as connection:
-            yield connection.execution_options(isolation_level="AUTOCOMMIT")
+        with reading(engine) as connection:  # one statement in autocommit, read or write
+            yield connection
     else:
         with engine.begin() as connection:
             yield connection
