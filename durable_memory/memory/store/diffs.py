@@ -9,13 +9,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import TypeAdapter
-from sqlalchemy import Engine, Row, update
+from sqlalchemy import Engine, Row, bindparam, update
 from sqlalchemy import select as select_columns
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from durable_memory.memory.core.errors import DiffAlreadyDecided, UnknownDiff
 from durable_memory.memory.core.ids import validate_diff_id
-from durable_memory.memory.store.sql import reading, utc
+from durable_memory.memory.store.sql import keyed, reading, utc
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.operations import EditOperation
 
@@ -70,6 +70,18 @@ def _plain_select() -> Any:
     """Diffs as plain rows: every turn lists the user's pending and unfinished ones, and ORM
     objects and sessions cost more than the query."""
     return select_columns(*PendingDiffRow.__table__.columns)  # type: ignore[attr-defined]
+
+
+_DIFFS = PendingDiffRow.__table__  # type: ignore[attr-defined]
+_EXISTING = select_columns(_DIFFS.c.id).where(
+    *keyed(_DIFFS, "user_id"), _DIFFS.c.id.in_(bindparam("diff_ids", expanding=True))
+)
+_UNFINISHED_APPROVALS = _plain_select().where(
+    *keyed(_DIFFS, "user_id"),
+    _DIFFS.c.status == DiffStatus.APPROVED.value,
+    _DIFFS.c.commit_sha.is_(None),
+)
+"""Statements every turn runs, built once (store/sql.py `keyed`)."""
 
 
 class DiffStore:
@@ -130,15 +142,9 @@ class DiffStore:
         """Those of `diff_ids` that name a diff of the user, in the order given."""
         if not diff_ids:
             return []
-        table = PendingDiffRow.__table__  # type: ignore[attr-defined]
+        key = {"user_id": user_id, "diff_ids": diff_ids}
         with reading(self.engine) as connection:
-            found = set(
-                connection.execute(
-                    select_columns(table.c.id).where(
-                        table.c.user_id == user_id, table.c.id.in_(diff_ids)
-                    )
-                ).scalars()
-            )
+            found = set(connection.execute(_EXISTING, key).scalars())
         return [d for d in diff_ids if d in found]
 
     def superseded_by(self, user_id: str, diff_ids: list[str]) -> list[PendingDiff]:
@@ -171,13 +177,11 @@ class DiffStore:
     def unfinished_approvals(self, user_id: str) -> list[PendingDiff]:
         """The user's diffs approved but not yet committed: a decision interrupted by a crash
         (or by a failure that outlasted its retries) between recording and committing."""
-        query = _plain_select().where(
-            col(PendingDiffRow.user_id) == user_id,
-            col(PendingDiffRow.status) == DiffStatus.APPROVED.value,
-            col(PendingDiffRow.commit_sha).is_(None),
-        )
         with reading(self.engine) as connection:
-            return [_to_model(row) for row in connection.execute(query)]
+            return [
+                _to_model(row)
+                for row in connection.execute(_UNFINISHED_APPROVALS, {"user_id": user_id})
+            ]
 
     def list(
         self,

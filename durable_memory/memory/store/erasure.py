@@ -32,7 +32,7 @@ from durable_memory.memory.core.errors import (
 )
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.recall import RECALL_FTS
-from durable_memory.memory.store.sql import immediate, raw_sqlite, reading, utc
+from durable_memory.memory.store.sql import immediate, keyed, raw_sqlite, reading, utc
 from durable_memory.models.turn import ErasureRecord
 
 USER_TABLES = (
@@ -67,6 +67,20 @@ class ErasureRow(SQLModel, table=True):
     started_at: datetime
     completed_at: datetime | None = None
     readmitted_at: datetime | None = None
+
+
+_ERASURE = ErasureRow.__table__  # type: ignore[attr-defined]
+_ERASURES_OF = (
+    select_columns(
+        _ERASURE.c.requested_by,
+        _ERASURE.c.started_at,
+        _ERASURE.c.completed_at,
+        _ERASURE.c.readmitted_at,
+    )
+    .where(*keyed(_ERASURE, "user_hash"))
+    .order_by(_ERASURE.c.started_at.desc())
+)
+"""A user's erasures, newest first: every step of every turn asks (built once, sql.py)."""
 
 
 def _record(row: ErasureRow) -> ErasureRecord:
@@ -172,18 +186,8 @@ class ErasureLedger:
         completed, until a caller starts the user afresh (`readmit`). So a step of a turn
         begun before the forget, or a request retried after it, writes nothing again. One
         query: every step of a turn asks."""
-        table = ErasureRow.__table__  # type: ignore[attr-defined]
         with reading(self.engine) as connection:  # plain rows: ORM objects cost 2-3x more
-            rows = connection.execute(
-                select_columns(
-                    table.c.requested_by,
-                    table.c.started_at,
-                    table.c.completed_at,
-                    table.c.readmitted_at,
-                )
-                .where(table.c.user_hash == user_hash(user_id))
-                .order_by(table.c.started_at.desc())
-            ).all()
+            rows = connection.execute(_ERASURES_OF, {"user_hash": user_hash(user_id)}).all()
         closing = _closing(rows)
         if closing is None:
             return

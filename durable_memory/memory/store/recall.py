@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, Float, Integer, Row, Select, UniqueConstraint, func, text
+from sqlalchemy import Engine, Float, Integer, Row, Select, UniqueConstraint, bindparam, func, text
 from sqlalchemy import select as select_columns
 from sqlmodel import Field, Session, SQLModel, col, select
 
@@ -19,6 +19,7 @@ from durable_memory.memory.core.limits import LimitExceeded, check_query
 from durable_memory.memory.store.sql import (
     OwnedIndex,
     insert_keeping,
+    keyed,
     postgres_text_index,
     postgres_text_query,
     postgres_text_vector,
@@ -66,6 +67,21 @@ def _plain_select() -> Select[Any]:
     a context of 5,000 messages (35 us each, and garbage for the collector)."""
     table = RecallMessageRow.__table__  # type: ignore[attr-defined]
     return select_columns(*(table.c[name] for name in _COLUMNS))
+
+
+_RECALL = RecallMessageRow.__table__  # type: ignore[attr-defined]
+_COUNT = select_columns(func.count()).where(*keyed(_RECALL, "user_id"))
+_OF_TURN = (
+    _plain_select()
+    .where(*keyed(_RECALL, "user_id", "turn_id"), _RECALL.c.seq >= bindparam("seq", type_=Integer))
+    .order_by(_RECALL.c.seq)
+)
+_AFTER = (
+    _plain_select()
+    .where(*keyed(_RECALL, "user_id"), _RECALL.c.id > bindparam("id", type_=Integer))
+    .order_by(_RECALL.c.id)
+)
+"""A turn's statements, built once (store/sql.py `keyed`)."""
 
 
 def _from_row(row: Row[Any] | tuple[Any, ...]) -> RecallMessage:
@@ -191,11 +207,8 @@ class RecallStore:
             return 0 if top is None else top + 1
 
     def count(self, user_id: str) -> int:
-        table = RecallMessageRow.__table__  # type: ignore[attr-defined]
         with reading(self.engine) as connection:
-            counted: int = connection.execute(
-                select_columns(func.count()).where(table.c.user_id == user_id)
-            ).scalar_one()
+            counted: int = connection.execute(_COUNT, {"user_id": user_id}).scalar_one()
         return counted
 
     def recent(self, user_id: str, limit: int = 50) -> list[RecallMessage]:
@@ -211,28 +224,16 @@ class RecallStore:
 
     def turn(self, user_id: str, turn_id: str, from_seq: int = 0) -> list[RecallMessage]:
         """The messages of one turn from `from_seq` on, in order."""
-        query = (
-            _plain_select()
-            .where(
-                col(RecallMessageRow.user_id) == user_id,
-                col(RecallMessageRow.turn_id) == turn_id,
-                col(RecallMessageRow.seq) >= from_seq,
-            )
-            .order_by(col(RecallMessageRow.seq))
-        )
+        key = {"user_id": user_id, "turn_id": turn_id, "seq": from_seq}
         with reading(self.engine) as connection:
-            return [_from_row(r) for r in connection.execute(query).all()]
+            return [_from_row(r) for r in connection.execute(_OF_TURN, key).all()]
 
     def after(self, user_id: str, after_id: int) -> list[RecallMessage]:
         """Every message with an id above `after_id`, oldest first: what a context holds after
         its summary (the summary keeps this list bounded)."""
-        query = (
-            _plain_select()
-            .where(col(RecallMessageRow.user_id) == user_id, col(RecallMessageRow.id) > after_id)
-            .order_by(col(RecallMessageRow.id))
-        )
+        key = {"user_id": user_id, "id": after_id}
         with reading(self.engine) as connection:
-            return [_from_row(r) for r in connection.execute(query).all()]
+            return [_from_row(r) for r in connection.execute(_AFTER, key).all()]
 
     def search(
         self,

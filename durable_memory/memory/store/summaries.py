@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 
 from sqlalchemy import Engine, UniqueConstraint
 from sqlalchemy import select as select_columns
-from sqlmodel import Field, Session, SQLModel, col, select
+from sqlmodel import Field, Session, SQLModel, select
 
-from durable_memory.memory.store.sql import reading
+from durable_memory.memory.store.sql import keyed, reading
 
 
 class ConversationSummaryRow(SQLModel, table=True):
@@ -24,6 +24,16 @@ class ConversationSummaryRow(SQLModel, table=True):
     created_at: datetime
 
 
+_SUMMARIES = ConversationSummaryRow.__table__  # type: ignore[attr-defined]
+_LATEST = (
+    select_columns(_SUMMARIES.c.through_message_id, _SUMMARIES.c.text)
+    .where(*keyed(_SUMMARIES, "user_id"))
+    .order_by(_SUMMARIES.c.through_message_id.desc())
+    .limit(1)
+)
+"""The newest summary: every turn asks (built once, store/sql.py `keyed`)."""
+
+
 class SummaryStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -31,15 +41,7 @@ class SummaryStore:
     def latest(self, user_id: str) -> tuple[int, str] | None:
         """(id of the last message covered, summary text), or None."""
         with reading(self.engine) as connection:  # a plain row: every turn asks
-            row = connection.execute(
-                select_columns(
-                    col(ConversationSummaryRow.through_message_id),
-                    col(ConversationSummaryRow.text),
-                )
-                .where(col(ConversationSummaryRow.user_id) == user_id)
-                .order_by(col(ConversationSummaryRow.through_message_id).desc())
-                .limit(1)
-            ).first()
+            row = connection.execute(_LATEST, {"user_id": user_id}).first()
         return (row.through_message_id, row.text) if row else None
 
     def add(self, user_id: str, through_message_id: int, text: str) -> None:

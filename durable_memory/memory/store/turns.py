@@ -17,11 +17,18 @@ dropped, in the same transaction as the creation. A database is migrated by the 
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, event, inspect, text
+from sqlalchemy import Connection, Engine, Select, Table, event, inspect, text
 from sqlalchemy import select as select_columns
 from sqlmodel import Field, Session, SQLModel, col, func, select
 
-from durable_memory.memory.store.sql import insert_keeping, reading, utc, writing_once
+from durable_memory.memory.store.sql import (
+    by_key,
+    insert_keeping,
+    keyed,
+    reading,
+    utc,
+    writing_once,
+)
 from durable_memory.models.context import CompiledContext, PromptBase
 from durable_memory.models.llm import ModelReply, TokenUsage
 
@@ -70,6 +77,11 @@ def _table(row_type: type[SQLModel]) -> Table:
     return table
 
 
+_DROP_CONTEXT = _table(TurnContextRow).delete().where(*keyed(TurnContextRow, "user_id", "turn_id"))
+_LAST_REPLY_AT = select_columns(func.max(_table(TurnStepRow).c.created_at)).where(
+    *keyed(TurnStepRow, "user_id")
+)
+
 KEEP_FIRST_ROUNDS = 3
 """`TurnStore._keep_first`'s tries of insert-or-read while a stored row is deleted between."""
 
@@ -83,11 +95,9 @@ class TurnStore:
 
     def _stored(self, row_type: type[SQLModel], column: str, key: dict[str, Any]) -> str | None:
         """`column` of the row with primary key `key`, None if there is none."""
-        table = _table(row_type)
+        query = by_key(_table(row_type), (column,), tuple(key))
         with reading(self.engine) as connection:
-            found: str | None = connection.execute(
-                select_columns(table.c[column]).where(*(table.c[k] == v for k, v in key.items()))
-            ).scalar()
+            found: str | None = connection.execute(query, key).scalar()
         return found
 
     def _keep_first(self, row: TurnContextRow | TurnStepRow, column: str) -> str | None:
@@ -97,13 +107,13 @@ class TurnStore:
         table = _table(type(row))
         values = row.model_dump()
         key = {c.name: values[c.name] for c in table.primary_key.columns}
-        keeping = insert_keeping(self.engine, table, *key).values(values)
-        of_key = select_columns(table.c[column]).where(*(table.c[k] == v for k, v in key.items()))
+        keeping = insert_keeping(self.engine, table, *key)
+        of_key = by_key(table, (column,), tuple(key))
         with writing_once(self.engine) as connection:
             for _ in range(KEEP_FIRST_ROUNDS):
-                if connection.execute(keeping).rowcount == 1:
+                if connection.execute(keeping, values).rowcount == 1:
                     return None
-                stored: str | None = connection.execute(of_key).scalar()
+                stored: str | None = connection.execute(of_key, key).scalar()
                 if stored is not None:
                     return stored
                 # PostgreSQL (each statement alone): deleted in between (a context dropped by
@@ -128,11 +138,8 @@ class TurnStore:
         (a retried model step finds its stored reply first), and each one holds the whole
         conversation window, so keeping every turn's would grow a user's rows with the square
         of the conversation's length. Idempotent."""
-        table = _table(TurnContextRow)
         with self.engine.begin() as connection:
-            connection.execute(
-                table.delete().where(table.c.user_id == user_id, table.c.turn_id == turn_id)
-            )
+            connection.execute(_DROP_CONTEXT, {"user_id": user_id, "turn_id": turn_id})
 
     def context(self, user_id: str, turn_id: str) -> CompiledContext:
         body = self._stored(TurnContextRow, "body", {"user_id": user_id, "turn_id": turn_id})
@@ -167,11 +174,8 @@ class TurnStore:
     def last_reply_at(self, user_id: str) -> datetime | None:
         """When the user's newest model reply was stored (in UTC), None before the first: how
         long the prompt cache has gone unread (memory/agent/context.py)."""
-        table = _table(TurnStepRow)
         with reading(self.engine) as connection:
-            newest = connection.execute(
-                select_columns(func.max(table.c.created_at)).where(table.c.user_id == user_id)
-            ).scalar()
+            newest = connection.execute(_LAST_REPLY_AT, {"user_id": user_id}).scalar()
         return None if newest is None else utc(newest)
 
     def save_reply(self, user_id: str, turn_id: str, step: int, reply: ModelReply) -> ModelReply:
@@ -197,6 +201,12 @@ class PromptBaseRow(SQLModel, table=True):
     summarized_through_message_id: int = 0
 
 
+def _base_of() -> Select[Any]:
+    return by_key(
+        _table(PromptBaseRow), ("commit_sha", "summarized_through_message_id"), ("user_id",)
+    )
+
+
 class PromptBaseStore:
     """Each user's prompt base: the commit whose memory blocks the cached system prompt shows, and
     how far the conversation summary reached then (memory/agent/context.py sends the blocks
@@ -209,13 +219,8 @@ class PromptBaseStore:
         self.engine = engine
 
     def get(self, user_id: str) -> PromptBase | None:
-        table = _table(PromptBaseRow)
         with reading(self.engine) as connection:
-            row = connection.execute(
-                select_columns(table.c.commit_sha, table.c.summarized_through_message_id).where(
-                    table.c.user_id == user_id
-                )
-            ).first()
+            row = connection.execute(_base_of(), {"user_id": user_id}).first()
         if row is None:
             return None
         return PromptBase(commit=row.commit_sha, summarized_through_message_id=row[1])
@@ -228,11 +233,7 @@ class PromptBaseStore:
             "summarized_through_message_id": base.summarized_through_message_id,
         }
         with self.engine.begin() as connection:
-            row = connection.execute(
-                select_columns(table.c.commit_sha, table.c.summarized_through_message_id).where(
-                    table.c.user_id == user_id
-                )
-            ).first()
+            row = connection.execute(_base_of(), {"user_id": user_id}).first()
             if row is None:
                 connection.execute(table.insert().values(user_id=user_id, **values))
             elif tuple(row) != tuple(values.values()):

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import Engine, LargeBinary, func, update
+from sqlalchemy import Engine, LargeBinary, bindparam, func, update
 from sqlalchemy import select as select_columns
 from sqlmodel import Column, Field, Session, SQLModel, col, select
 
@@ -45,6 +45,12 @@ class UserRow(SQLModel, table=True):
     registered_at: datetime
 
 
+_USERS = UserRow.__table__  # type: ignore[attr-defined]
+_REGISTERED_AMONG = select_columns(_USERS.c.user_id).where(
+    _USERS.c.user_id.in_(bindparam("user_ids", expanding=True))
+)
+
+
 class UserDirectory:
     """Every user who has memory, whichever host holds their repository."""
 
@@ -60,20 +66,15 @@ class UserDirectory:
         write on PostgreSQL each turn). Only those the read did not find are inserted."""
         now = datetime.now(UTC)
         ids = list(dict.fromkeys(user_ids))
-        table = UserRow.__table__  # type: ignore[attr-defined]
         # In batches: a statement's bound parameters are limited (SQLite: 32766).
         for start in range(0, len(ids), REGISTER_BATCH):
             batch = ids[start : start + REGISTER_BATCH]
             with reading(self.engine) as conn:
-                found = set(
-                    conn.execute(
-                        select_columns(table.c.user_id).where(table.c.user_id.in_(batch))
-                    ).scalars()
-                )
+                found = set(conn.execute(_REGISTERED_AMONG, {"user_ids": batch}).scalars())
             rows = [{"user_id": u, "registered_at": now} for u in batch if u not in found]
             if rows:
                 with self.engine.begin() as conn:
-                    conn.execute(insert_keeping(self.engine, UserRow, "user_id").values(rows))
+                    conn.execute(insert_keeping(self.engine, UserRow, "user_id"), rows)
 
     def refuse_if_forgotten(self, user_id: str) -> None:
         """UserBeingForgotten while the user's erasure is under way, UserForgotten after it

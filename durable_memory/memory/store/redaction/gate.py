@@ -17,14 +17,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sqlalchemy import Engine, delete, func
-from sqlalchemy import select as select_columns
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from durable_memory.memory.core.errors import UserBeingRedacted
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.diffs import PendingDiffRow
 from durable_memory.memory.store.recall import RecallMessageRow
-from durable_memory.memory.store.sql import reading, utc
+from durable_memory.memory.store.sql import by_key, reading, utc
 from durable_memory.memory.store.turns import TurnContextRow, TurnStepRow
 from durable_memory.models.diffs import DiffStatus, Proposer
 from durable_memory.models.llm import ModelReply
@@ -37,6 +36,9 @@ class RedactionUnderWayRow(SQLModel, table=True):
     redaction_id: str = Field(max_length=64)
     requested_by: str = Field(max_length=200)
     started_at: datetime
+
+
+_UNDER_WAY = RedactionUnderWayRow.__table__  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -79,13 +81,9 @@ class RedactionGate:
 
     def refuse_if_open(self, user_id: str) -> None:
         """UserBeingRedacted (retried) while a redaction of the user is under way."""
-        table = RedactionUnderWayRow.__table__  # type: ignore[attr-defined]
+        query = by_key(_UNDER_WAY, ("requested_by", "started_at"), ("user_id",))
         with reading(self.engine) as connection:  # a plain row: every turn asks twice
-            row = connection.execute(
-                select_columns(table.c.requested_by, table.c.started_at).where(
-                    table.c.user_id == user_id
-                )
-            ).first()
+            row = connection.execute(query, {"user_id": user_id}).first()
         if row is not None:
             raise UserBeingRedacted(
                 f"user '{user_id}' is being redacted (requested by {row.requested_by} at "
