@@ -12,6 +12,7 @@ from durable_memory.faults import MID_START, MID_TOOLS_THEN_MODEL, crash_point
 from durable_memory.memory.agent.steps import TurnSteps
 from durable_memory.memory.core.errors import DiffAlreadyDecided
 from durable_memory.memory.store.redaction.gate import RedactionGate
+from durable_memory.models.context import CompiledContext
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.turn import (
     DecisionOutcome,
@@ -71,14 +72,14 @@ class TurnActivities:
     @activity.defn(name="dmem.prepare_turn")
     def prepare_turn(self, turn: TurnInput) -> PreparedTurn:
         with classified_errors(), self.stack.git.pinned():
-            return self._admitted_prepare(turn)
+            return self._admitted_prepare(turn)[0]
 
-    def _admitted_prepare(self, turn: TurnInput) -> PreparedTurn:
-        """`TurnSteps.prepare` behind the redaction gate: a turn is admitted before a
+    def _admitted_prepare(self, turn: TurnInput) -> tuple[PreparedTurn, CompiledContext]:
+        """`TurnSteps.prepare_context` behind the redaction gate: a turn is admitted before a
         redaction of its user or after it, never across it (memory/store/redaction/gate.py),
         so it is checked before and after the context is stored."""
         self.redaction_gate.admit_turn(turn.user_id, turn.turn_id)
-        prepared = self.steps.prepare(turn)
+        prepared = self.steps.prepare_context(turn)
         self.redaction_gate.admit_turn(turn.user_id, turn.turn_id)
         return prepared
 
@@ -91,10 +92,10 @@ class TurnActivities:
         anywhere in it finds the stored context and the stored reply (docs/temporal.md,
         "The first step")."""
         with classified_errors(), self.stack.git.pinned():
-            prepared = self._admitted_prepare(turn)
+            prepared, context = self._admitted_prepare(turn)
             crash_point(MID_START)
             first = self.steps.call_model(
-                StepInput(user_id=turn.user_id, turn_id=turn.turn_id, step=1)
+                StepInput(user_id=turn.user_id, turn_id=turn.turn_id, step=1), context
             )
             return StartedTurn(settings=self.settings, prepared=prepared, first=first)
 

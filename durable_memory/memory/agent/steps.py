@@ -268,6 +268,11 @@ class TurnSteps:
 
     def prepare(self, turn: TurnInput) -> PreparedTurn:
         """Record the user's message and compile the context (summarising on overflow)."""
+        return self.prepare_context(turn)[0]
+
+    def prepare_context(self, turn: TurnInput) -> tuple[PreparedTurn, CompiledContext]:
+        """`prepare`, and the context it stored (the first compiled for the turn): for the
+        first model call in the same activity, which need not read it back."""
         sources = self.sources
         profile = sources.blocks.ensure_user_profile(
             turn.user_id, turn.profile, fresh=bool(turn.fresh_user)
@@ -293,19 +298,25 @@ class TurnSteps:
         # After the context is stored: a retry of a step that died in between finds the
         # stored context and moves the base to what it was compiled from.
         keep_base(self.bases, turn.user_id, context)
-        return PreparedTurn(
+        prepared = PreparedTurn(
             total_tokens=context.overview.total_tokens,
             share_used=context.overview.share_used,
             profile=profile.name,
         )
+        return prepared, context
 
-    def call_model(self, step: StepInput) -> ModelStepResult:
+    def call_model(
+        self, step: StepInput, context: CompiledContext | None = None
+    ) -> ModelStepResult:
         """One model call; its reply is stored, so a retry does not call the model again.
-        Nothing is stored for a user forgotten meanwhile (the call may take a minute)."""
+        Nothing is stored for a user forgotten meanwhile (the call may take a minute).
+        `context`: the turn's stored context, if the caller holds it (`prepare_context` in
+        the same activity), else it is read from the store."""
         reply = self.turns.reply(step.user_id, step.turn_id, step.step)
         if reply is None:
             self.sources.blocks.refuse_if_forgotten(step.user_id)
-            context = self.turns.context(step.user_id, step.turn_id)
+            if context is None:
+                context = self.turns.context(step.user_id, step.turn_id)
             earlier = self.sources.recall.turn(step.user_id, step.turn_id, TurnPositions.FIRST_STEP)
             continuation = to_chat_messages(earlier, start_with_user=False)
             settings = context.model or self.sources.blocks.profile(step.user_id).model
