@@ -4,12 +4,13 @@ diff cannot both win; the loser is told the winner's outcome.
 Diff ids may be chosen by callers, so every read and write names the user as well: a diff of
 another user is reported exactly like a missing one."""
 
+import functools
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import TypeAdapter
-from sqlalchemy import Engine, Row, bindparam, update
+from sqlalchemy import Engine, Integer, Row, bindparam, update
 from sqlalchemy import select as select_columns
 from sqlmodel import Field, Session, SQLModel, col, select
 
@@ -82,6 +83,17 @@ _UNFINISHED_APPROVALS = _plain_select().where(
     _DIFFS.c.commit_sha.is_(None),
 )
 """Statements every turn runs, built once (store/sql.py `keyed`)."""
+
+
+@functools.cache
+def _listing(by_status: bool, by_label: bool) -> Any:
+    """`DiffStore.list`'s statement of each shape, built once (every turn lists)."""
+    query = _plain_select().where(*keyed(_DIFFS, "user_id"))
+    if by_status:
+        query = query.where(_DIFFS.c.status.in_(bindparam("statuses", expanding=True)))
+    if by_label:
+        query = query.where(*keyed(_DIFFS, "label"))
+    return query.order_by(_DIFFS.c.created_at.desc()).limit(bindparam("limit", type_=Integer))
 
 
 class DiffStore:
@@ -191,14 +203,14 @@ class DiffStore:
         limit: int = 100,
     ) -> list[PendingDiff]:
         """Newest first."""
-        query = _plain_select().where(col(PendingDiffRow.user_id) == user_id)
+        key: dict[str, Any] = {"user_id": user_id, "limit": limit}
         if statuses:
-            query = query.where(col(PendingDiffRow.status).in_([s.value for s in statuses]))
+            key["statuses"] = [s.value for s in statuses]
         if label is not None:
-            query = query.where(col(PendingDiffRow.label) == label)
-        query = query.order_by(col(PendingDiffRow.created_at).desc()).limit(limit)
+            key["label"] = label
         with reading(self.engine) as connection:
-            return [_to_model(row) for row in connection.execute(query)]
+            query = _listing(bool(statuses), label is not None)
+            return [_to_model(row) for row in connection.execute(query, key)]
 
     def transition(
         self,

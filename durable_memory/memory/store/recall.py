@@ -4,12 +4,24 @@ Full-text search is SQLite FTS5 (BM25) on SQLite and `to_tsvector('simple')` on 
 Appends are idempotent per (user, turn, seq), so a retried write never duplicates a message.
 """
 
+import functools
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, Float, Integer, Row, Select, UniqueConstraint, bindparam, func, text
+from sqlalchemy import (
+    Engine,
+    Float,
+    Integer,
+    Row,
+    Select,
+    String,
+    UniqueConstraint,
+    bindparam,
+    func,
+    text,
+)
 from sqlalchemy import select as select_columns
 from sqlmodel import Field, Session, SQLModel, col, select
 
@@ -82,6 +94,51 @@ _AFTER = (
     .order_by(_RECALL.c.id)
 )
 """A turn's statements, built once (store/sql.py `keyed`)."""
+
+
+@functools.cache
+def _search_statements(
+    sqlite: bool, by_roles: bool, by_start: bool, by_end: bool, by_terms: bool
+) -> tuple[Any, Any]:
+    """`RecallStore.search`'s count and page statements of each shape, built once, every
+    value bound (`keyed`): a search is a tool the model calls within a turn."""
+    filters: list[Any] = keyed(_RECALL, "user_id")
+    if by_roles:
+        filters.append(_RECALL.c.role.in_(bindparam("roles", expanding=True)))
+    if by_start:
+        filters.append(_RECALL.c.created_at >= bindparam("start", type_=_RECALL.c.created_at.type))
+    if by_end:
+        filters.append(_RECALL.c.created_at < bindparam("end", type_=_RECALL.c.created_at.type))
+    base = select(RecallMessageRow).where(*filters)
+    if not by_terms:
+        ranked = base.order_by(col(RecallMessageRow.id).desc())
+    elif sqlite:
+        # Match and rank once, in the index, among this user's rows only; then join for the
+        # filters. MATERIALIZED keeps SQLite from probing the index again for every row of
+        # the user.
+        hits = (
+            text(
+                f"SELECT rowid AS id, {RECALL_FTS.rank} AS rank FROM {RECALL_FTS.name} "
+                f"WHERE {RECALL_FTS.name} MATCH :match"
+            )
+            .columns(id=Integer, rank=Float)
+            .cte("hits")
+            .prefix_with("MATERIALIZED")
+        )
+        base = base.join(hits, hits.c.id == col(RecallMessageRow.id))
+        ranked = base.order_by(hits.c.rank, col(RecallMessageRow.id).desc())
+    else:
+        tsquery = postgres_text_query(bindparam("words", type_=String))
+        vector = postgres_text_vector(RecallMessageRow.content)
+        base = base.where(vector.op("@@")(tsquery))
+        ranked = base.order_by(
+            func.ts_rank(vector, tsquery).desc(), col(RecallMessageRow.id).desc()
+        )
+    count = select(func.count()).select_from(base.subquery())
+    page = ranked.limit(bindparam("limit", type_=Integer)).offset(
+        bindparam("offset", type_=Integer)
+    )
+    return count, page
 
 
 def _from_row(row: Row[Any] | tuple[Any, ...]) -> RecallMessage:
@@ -255,44 +312,25 @@ class RecallStore:
             raise DurableMemoryError(f"offset must not be negative, got {offset}")
         if start is not None and end is not None and start >= end:
             raise DurableMemoryError("start must be before end")
-        filters = [col(RecallMessageRow.user_id) == user_id]
-        if roles:
-            filters.append(col(RecallMessageRow.role).in_([r.value for r in roles]))
-        if start is not None:
-            filters.append(col(RecallMessageRow.created_at) >= utc(start))
-        if end is not None:
-            filters.append(col(RecallMessageRow.created_at) < utc(end))
         terms = fts_terms(query)
-        base = select(RecallMessageRow).where(*filters)
-        if not terms:
-            ranked = base.order_by(col(RecallMessageRow.id).desc())
-        elif self.engine.dialect.name == "sqlite":
-            # Match and rank once, in the index, among this user's rows only; then join for
-            # the filters. MATERIALIZED keeps SQLite from probing the index again for every
-            # row of the user.
-            match = RECALL_FTS.match(user_id, terms, "AND")
-            hits = (
-                text(
-                    f"SELECT rowid AS id, {RECALL_FTS.rank} AS rank FROM {RECALL_FTS.name} "
-                    f"WHERE {RECALL_FTS.name} MATCH :m"
-                )
-                .bindparams(m=match)
-                .columns(id=Integer, rank=Float)
-                .cte("hits")
-                .prefix_with("MATERIALIZED")
-            )
-            base = base.join(hits, hits.c.id == col(RecallMessageRow.id))
-            ranked = base.order_by(hits.c.rank, col(RecallMessageRow.id).desc())
-        else:
-            tsquery = postgres_text_query(terms)
-            vector = postgres_text_vector(RecallMessageRow.content)
-            base = base.where(vector.op("@@")(tsquery))
-            ranked = base.order_by(
-                func.ts_rank(vector, tsquery).desc(), col(RecallMessageRow.id).desc()
-            )
+        values: dict[str, Any] = {"user_id": user_id, "limit": limit, "offset": offset}
+        if roles:
+            values["roles"] = [r.value for r in roles]
+        if start is not None:
+            values["start"] = utc(start)
+        if end is not None:
+            values["end"] = utc(end)
+        sqlite = self.engine.dialect.name == "sqlite"
+        if terms and sqlite:
+            values["match"] = RECALL_FTS.match(user_id, terms, "AND")
+        elif terms:
+            values["words"] = " ".join(terms)
+        count, page = _search_statements(
+            sqlite, bool(roles), start is not None, end is not None, bool(terms)
+        )
         with Session(self.engine) as session:
-            total = session.exec(select(func.count()).select_from(base.subquery())).one()
-            rows = session.exec(ranked.limit(limit).offset(offset)).all()
+            total = session.exec(count, params=values).one()
+            rows = session.exec(page, params=values).all()
             return RecallPage(
                 messages=[_to_model(r) for r in rows], total=total, offset=offset, limit=limit
             )

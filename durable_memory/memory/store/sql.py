@@ -294,9 +294,10 @@ def postgres_text_vector(column: Any) -> ColumnElement[Any]:
     return func.to_tsvector(POSTGRES_TEXT_CONFIG, column)
 
 
-def postgres_text_query(terms: Sequence[str]) -> ColumnElement[Any]:
-    """Every one of `terms` (taken as plain words, operators included)."""
-    return func.plainto_tsquery(POSTGRES_TEXT_CONFIG, " ".join(terms))
+def postgres_text_query(words: ColumnElement[str]) -> ColumnElement[Any]:
+    """Every word of `words`, one string (the terms joined by spaces: taken as plain words,
+    operators included); a bound parameter, so the statement is built once."""
+    return func.plainto_tsquery(POSTGRES_TEXT_CONFIG, words)
 
 
 def postgres_text_index(name: str, table: str, column: str) -> str:
