@@ -75,9 +75,16 @@ COLORS = {
     "tiktoken": "#da8bc3",
     "Python (stdlib)": "#b0b0b0",
 }
-STEPS = ("prepare", "call_model", "run_tools", "finish")
-"""The turn's steps (`TurnSteps`, memory/agent/steps.py), found by name in a stack: a turn's
-first activity runs prepare and call_model, a later one run_tools and call_model."""
+STEPS = {
+    "prepare": "prepare",
+    "prepare_context": "prepare",
+    "call_model": "call_model",
+    "run_tools": "run_tools",
+    "finish": "finish",
+}
+"""The turn's steps (`TurnSteps`, memory/agent/steps.py), found by name in a stack (method ->
+step): a turn's first activity runs prepare (as `prepare_context`, which hands the stored
+context on) and call_model, a later one run_tools and call_model."""
 STEPS_FILE = "agent/steps.py"
 ACTIVITIES = ("start_turn", "tools_then_model", "prepare_turn", "call_model", "run_tools")
 """The turn's activities (activities/turn.py) that run those steps: a sample in one of them
@@ -117,7 +124,7 @@ def step_of(stack: Stack) -> str:
     for frame in stack:
         name = frame.split(" ")[0].rsplit(".", 1)[-1]
         if name in STEPS and STEPS_FILE in frame:
-            return f"step {name}"
+            return f"step {STEPS[name]}"
         if name in ACTIVITIES and around is None:
             around = f"activity {name}, around its steps"
     if around is not None:
