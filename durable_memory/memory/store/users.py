@@ -148,13 +148,14 @@ class PayloadKeyStore:
         ErasureLedger(self.engine).refuse_if_forgotten(candidate.user_id)
         with self.engine.begin() as conn:
             conn.execute(
-                insert_keeping(self.engine, PayloadKeyRow, "user_id").values(
-                    key_id=candidate.key_id,
-                    user_id=validate_user_id(candidate.user_id),
-                    wrapped_key=candidate.wrapped_key,
-                    master_key_id=candidate.master_key_id,
-                    created_at=datetime.now(UTC),
-                )
+                insert_keeping(self.engine, PayloadKeyRow, "user_id"),
+                {
+                    "key_id": candidate.key_id,
+                    "user_id": validate_user_id(candidate.user_id),
+                    "wrapped_key": candidate.wrapped_key,
+                    "master_key_id": candidate.master_key_id,
+                    "created_at": datetime.now(UTC),
+                },
             )
         kept = self.for_user(candidate.user_id)
         if kept is None:  # deleted by a forget between the two statements
