@@ -18,10 +18,13 @@ from sqlalchemy.exc import OperationalError
 from sqlmodel import SQLModel
 
 from durable_memory.activities.errors import is_transient
+from durable_memory.memory.archive.embedders import default_embedder
+from durable_memory.memory.archive.postgres import PostgresArchive
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.redaction.gate import RedactionGate
 from durable_memory.memory.store.sql import PING_AFTER_IDLE_S, create_sql_engine
 from durable_memory.memory.store.users import UserDirectory
+from durable_memory.models.archive import ArchiveSearch, NewPassage, PassageSource
 from durable_memory.models.recall import MessageRole, NewMessage
 from tests.support.postgres import PostgresServer, required_pg_bin, restartable_postgres
 
@@ -128,3 +131,28 @@ def test_a_database_that_is_down_gives_a_transient_error_at_once_and_works_once_
     _write_and_read(engine, "t2")
     assert _state(engine) == (["ada"], ["hello t1", "hello t2"])
     engine.dispose()
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_an_archive_search_on_a_connection_lost_just_before_fails_once_then_works(
+    server: PostgresServer, alpha: float
+) -> None:
+    """The archive reads its vectors on the driver's own connection, where SQLAlchemy does not
+    see the error (alpha 1.0: the only statement of the read): it must still fail with a
+    transient error and leave a fresh pool, as every other statement does."""
+    archive = PostgresArchive(server.url, default_embedder())
+    archive.engine.dispose()  # its tables made: now an engine that trusts every connection
+    archive.engine = create_sql_engine(server.url, ping_after_idle_s=3600)
+    archive.insert(NewPassage(user_id="ada", text="robots are fun", source=PassageSource.AGENT))
+    search = ArchiveSearch(query="robots", alpha=alpha)
+    assert archive.search("ada", search)
+    _fill_pool(archive.engine)
+
+    server.restart()
+
+    with pytest.raises(OperationalError) as failed:
+        archive.search("ada", search)
+    assert is_transient(failed.value)
+    for _ in range(POOLED + 1):  # every pooled connection was dropped, not only the one
+        assert [h.passage.text for h in archive.search("ada", search)] == ["robots are fun"]
+    archive.close()

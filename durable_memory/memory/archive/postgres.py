@@ -247,14 +247,16 @@ class PostgresArchive:
             newest = self._newest(user_id, where, params, request.top_k)
             return [PassageHit(passage=p, score=0.0) for p in newest]
         scope = {"user": user_id, **params, "limit": LEG_LIMIT}
-        # Each statement alone (autocommit): the legs need not agree (a row gone by the last
-        # read is left out), and a transaction around them cost two more round trips.
-        with reading(self.engine) as conn:
+        # In a transaction: the vectors are read on the driver's own connection, whose errors
+        # SQLAlchemy does not see; a connection found dead by it is reported (a transient
+        # error) and the pool dropped by the rollback, as for any statement of ours.
+        with self.engine.begin() as conn:
             keyword = self._keyword_leg(conn, terms, where, scope) if request.alpha < 1.0 else {}
             rows = self._vector_rows(conn, request, user_id) if request.alpha > 0.0 else []
         # The query is embedded only when there are rows to compare it with (the embedder's
-        # few ms, most of a search, are not paid for a user with an empty archive, as in the
-        # embedded archive), and with no connection held: it needs no database.
+        # few ms, most of a search, are not paid for a user with an empty archive; the
+        # embedded archive skips it too), and with no connection held: it needs no database.
+        # A row gone by the last read below is left out.
         vector = self._vector_leg(rows, self.embedder.embed_query(request.query)) if rows else {}
         fused = relative_score_fusion(vector, keyword, request.alpha)
         ranked = sorted(fused.items(), key=lambda kv: (-kv[1], -int(kv[0])))[: request.top_k]
