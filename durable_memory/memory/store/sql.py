@@ -146,7 +146,7 @@ def insert_keeping(engine: Engine, table: Table | type[Any], *keys: str) -> Inse
     CONFLICT DO NOTHING (SQLite and PostgreSQL share the syntax; the result's rowcount says
     whether it inserted). Triggers fire only for the rows inserted. Built once per dialect,
     table and keys (see `by_key`): pass the rows to `execute`, not to `.values()`."""
-    return _insert_keeping(engine.dialect.name, _table_of(table), keys)
+    return _insert_keeping(engine.dialect.name, table_of(table), keys)
 
 
 @functools.cache
@@ -156,7 +156,8 @@ def _insert_keeping(dialect: str, table: Table, keys: tuple[str, ...]) -> Insert
     return sqlite_insert(table).on_conflict_do_nothing(index_elements=list(keys))
 
 
-def _table_of(table: Table | type[Any]) -> Table:
+def table_of(table: Table | type[Any]) -> Table:
+    """A table, or the table of a SQLModel row type."""
     found: Table = table if isinstance(table, Table) else table.__table__
     return found
 
@@ -166,7 +167,7 @@ def keyed(table: Table | type[Any], *keys: str) -> list[ColumnElement[bool]]:
     statement runs, so the statement itself is built once (module constants, `by_key`).
     A statement built anew per call costs SQLAlchemy ~50 us to build and key for its compiled
     cache, about twice what running it on SQLite costs; a turn runs some 20-30 of them."""
-    columns = _table_of(table).c
+    columns = table_of(table).c
     return [columns[k] == bindparam(k) for k in keys]
 
 

@@ -26,6 +26,7 @@ from durable_memory.memory.store.sql import (
     insert_keeping,
     keyed,
     reading,
+    table_of,
     utc,
     writing_once,
 )
@@ -72,13 +73,10 @@ for _name in _LEGACY_TABLES:
     event.listen(SQLModel.metadata.tables[_name], "after_create", _adopt_legacy_rows)
 
 
-def _table(row_type: type[SQLModel]) -> Table:
-    table: Table = row_type.__table__  # type: ignore[attr-defined]
-    return table
-
-
-_DROP_CONTEXT = _table(TurnContextRow).delete().where(*keyed(TurnContextRow, "user_id", "turn_id"))
-_LAST_REPLY_AT = select_columns(func.max(_table(TurnStepRow).c.created_at)).where(
+_DROP_CONTEXT = (
+    table_of(TurnContextRow).delete().where(*keyed(TurnContextRow, "user_id", "turn_id"))
+)
+_LAST_REPLY_AT = select_columns(func.max(table_of(TurnStepRow).c.created_at)).where(
     *keyed(TurnStepRow, "user_id")
 )
 
@@ -95,7 +93,7 @@ class TurnStore:
 
     def _stored(self, row_type: type[SQLModel], column: str, key: dict[str, Any]) -> str | None:
         """`column` of the row with primary key `key`, None if there is none."""
-        query = by_key(_table(row_type), (column,), tuple(key))
+        query = by_key(table_of(row_type), (column,), tuple(key))
         with reading(self.engine) as connection:
             found: str | None = connection.execute(query, key).scalar()
         return found
@@ -104,7 +102,7 @@ class TurnStore:
         """Store `row` unless a row with its key is stored already: that one's `column`, else
         None. One statement when nothing was stored (an insert that keeps a stored row); the
         stored row is read only when the insert kept it (a step run again)."""
-        table = _table(type(row))
+        table = table_of(type(row))
         values = row.model_dump()
         key = {c.name: values[c.name] for c in table.primary_key.columns}
         keeping = insert_keeping(self.engine, table, *key)
@@ -203,7 +201,7 @@ class PromptBaseRow(SQLModel, table=True):
 
 def _base_of() -> Select[Any]:
     return by_key(
-        _table(PromptBaseRow), ("commit_sha", "summarized_through_message_id"), ("user_id",)
+        table_of(PromptBaseRow), ("commit_sha", "summarized_through_message_id"), ("user_id",)
     )
 
 
@@ -227,7 +225,7 @@ class PromptBaseStore:
 
     def move(self, user_id: str, base: PromptBase) -> None:
         """Set the user's base (idempotent: a retry writes nothing new)."""
-        table = _table(PromptBaseRow)
+        table = table_of(PromptBaseRow)
         values = {
             "commit_sha": base.commit,
             "summarized_through_message_id": base.summarized_through_message_id,
