@@ -23,28 +23,23 @@ TURNS = 4
 
 
 def test_a_warm_turn_runs_only_statements_built_before(memory: MemoryRig, engine: Engine) -> None:
-    executed: list[list[Any]] = []  # the statement objects themselves: kept alive, so no
-    # statement built later can take the id of one freed
-
-    def record(_conn: Any, clauseelement: Any, *_: Any) -> None:
-        if executed:
-            executed[-1].append(clauseelement)
-
     script: list[dict[str, Any]] = [
         {"content": [{"type": "text", "text": "Let me look."}, SEARCH]},
         {"text": "Found nothing."},
         {"text": "Hello."},
     ] * TURNS
-    event.listen(engine, "before_execute", record)
-    try:
-        with scripted_steps(memory, engine, script) as (steps, _):
-            for i in range(TURNS):
-                executed.append([])
+    # The statement objects themselves, kept alive: no statement built later can take the id
+    # of one freed.
+    executed: list[list[Any]] = []
+    with scripted_steps(memory, engine, script) as (steps, _):
+        for i in range(TURNS):
+
+            def both_turns(i: int = i) -> None:
                 for say in ("search", "hello"):
                     turn = TurnInput(user_id="alice", turn_id=f"t{i}-{say}", message=say)
                     assert run_turn_steps(steps, turn, 8).reply
-    finally:
-        event.remove(engine, "before_execute", record)
+
+            executed.append(_executed(engine, both_turns))
 
     assert len(executed[-1]) >= 40  # the two turns' steps really ran their statements
     built_before = {id(s) for turn in executed[:-1] for s in turn}
