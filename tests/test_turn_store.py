@@ -1,10 +1,14 @@
 """The turn store keeps the first context and the first reply stored for a step, whoever
 stores it: attempts of one step running at once (a retry beside a zombie attempt) all get the
-same one back, on SQLite and PostgreSQL; a context dropped between attempts is stored again."""
+same one back, on SQLite and PostgreSQL; a context dropped between attempts is stored again.
+Storing the first costs one statement; only an attempt that finds one stored reads it."""
 
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, event, func, select
 
 from durable_memory.memory.store.turns import TurnStepRow, TurnStore
 from tests.test_isolation import _context, _reply
@@ -35,3 +39,38 @@ def test_a_context_dropped_between_attempts_is_stored_again(engine: Engine) -> N
     turns.drop_context("alice", "t1")
     assert turns.save_context("alice", "t1", _context("third")).system == "third"
     assert turns.context("alice", "t1").system == "third"
+
+
+def test_storing_the_first_is_one_statement_and_only_a_repeat_reads_it(engine: Engine) -> None:
+    """The insert that keeps a stored row says whether it inserted (its rowcount): on
+    PostgreSQL it said -1 unless asked to keep the count, so every first context and reply was
+    read back after it was stored, a round trip each (three in a tool-using turn)."""
+    turns = TurnStore(engine)
+    saves: list[Callable[[str], object]] = [
+        lambda text: turns.save_context("alice", "t1", _context(text)),
+        lambda text: turns.save_reply("alice", "t1", 1, _reply(text)),
+    ]
+    for save in saves:
+        with _statements(engine) as first:
+            save("first")
+        with _statements(engine) as again:
+            save("second")
+        assert [s.split()[0] for s in first] == ["INSERT"]
+        assert [s.split()[0] for s in again] == ["INSERT", "SELECT"]
+    assert turns.context("alice", "t1").system == "first"
+    assert turns.reply("alice", "t1", 1) == _reply("first")
+
+
+@contextmanager
+def _statements(engine: Engine) -> Iterator[list[str]]:
+    """The SQL statements sent to the database within the block (BEGIN and COMMIT aside)."""
+    sent: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        sent.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        event.remove(engine, "before_cursor_execute", record)

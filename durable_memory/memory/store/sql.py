@@ -144,16 +144,18 @@ def writing_once(engine: Engine) -> Iterator[Connection]:
 def insert_keeping(engine: Engine, table: Table | type[Any], *keys: str) -> Insert:
     """An INSERT into `table` that keeps a row already stored under the unique `keys`: ON
     CONFLICT DO NOTHING (SQLite and PostgreSQL share the syntax; the result's rowcount says
-    whether it inserted). Triggers fire only for the rows inserted. Built once per dialect,
-    table and keys (see `by_key`): pass the rows to `execute`, not to `.values()`."""
+    whether it inserted: kept with `preserve_rowcount`, without which SQLAlchemy reports -1
+    for an INSERT on psycopg, so every insert looked like one that kept a stored row). Triggers
+    fire only for the rows inserted. Built once per dialect, table and keys (see `by_key`):
+    pass the rows to `execute`, not to `.values()`."""
     return _insert_keeping(engine.dialect.name, table_of(table), keys)
 
 
 @functools.cache
 def _insert_keeping(dialect: str, table: Table, keys: tuple[str, ...]) -> Insert:
-    if dialect == "postgresql":
-        return postgresql_insert(table).on_conflict_do_nothing(index_elements=list(keys))
-    return sqlite_insert(table).on_conflict_do_nothing(index_elements=list(keys))
+    insert = postgresql_insert(table) if dialect == "postgresql" else sqlite_insert(table)
+    keeping = insert.on_conflict_do_nothing(index_elements=list(keys))
+    return keeping.execution_options(preserve_rowcount=True)
 
 
 def table_of(table: Table | type[Any]) -> Table:
