@@ -125,10 +125,10 @@ class TurnActivities:
         diffs and results the tools stored and the reply the model gave (docs/temporal.md,
         "Tools and the next model call")."""
         with classified_errors(), self.stack.git.pinned():
-            tools = self.steps.run_tools(step)
+            tools, context = self.steps.run_tools_in_context(step)
             crash_point(MID_TOOLS_THEN_MODEL)
             following = StepInput(user_id=step.user_id, turn_id=step.turn_id, step=step.step + 1)
-            return ToolsThenModel(tools=tools, next=self.steps.call_model(following))
+            return ToolsThenModel(tools=tools, next=self.steps.call_model(following, context))
 
     @activity.defn(name="dmem.finish_turn")
     def finish_turn(self, finish: FinishInput) -> FinishedTurn:

@@ -33,7 +33,7 @@ from durable_memory.memory.agent.context import (
     warm_base,
 )
 from durable_memory.memory.agent.llm import ModelCallError
-from durable_memory.memory.agent.tool_specs import check_input_size, tool_definitions
+from durable_memory.memory.agent.tool_specs import check_input_size, offered_in, tool_definitions
 from durable_memory.memory.agent.tools import MemoryTools, call_diff_id
 from durable_memory.memory.archive.protocol import ArchiveStore
 from durable_memory.memory.core.errors import DurableMemoryError
@@ -310,8 +310,8 @@ class TurnSteps:
     ) -> ModelStepResult:
         """One model call; its reply is stored, so a retry does not call the model again.
         Nothing is stored for a user forgotten meanwhile (the call may take a minute).
-        `context`: the turn's stored context, if the caller holds it (`prepare_context` in
-        the same activity), else it is read from the store."""
+        `context`: the turn's stored context, if the caller holds it (`prepare_context` or
+        `run_tools_in_context` in the same activity), else it is read from the store."""
         reply = self.turns.reply(step.user_id, step.turn_id, step.step)
         if reply is None:
             self.sources.blocks.refuse_if_forgotten(step.user_id)
@@ -349,12 +349,25 @@ class TurnSteps:
         once, a person may approve one before the step is retried), a tool's answer may
         differ from its first (the command now changes nothing), yet its diff is the
         step's."""
+        return self.run_tools_in_context(step)[0]
+
+    def run_tools_in_context(
+        self, step: StepInput
+    ) -> tuple[ToolStepResult, CompiledContext | None]:
+        """`run_tools`, and the turn's stored context it read (for the next model call in the
+        same activity, which need not read it again; None once the turn's agent loop is
+        over). A call is answered only by a tool that context offered the model: a profile
+        changed meanwhile (its tools, or the deploy's) applies from the next turn, as its
+        model settings do, and no step reads the profile again. A context already dropped
+        (this step run again after the turn's last model call) leaves the profile's tools."""
         self.sources.blocks.refuse_if_forgotten(step.user_id)
         reply = self._reply_of(step)
+        context = self.turns.stored_context(step.user_id, step.turn_id)
+        offered = None if context is None else offered_in(context.tools)
         results = []
         for use in reply.tool_uses:
             outcome = self.tools.execute(
-                step.user_id, step.turn_id, use.name, use.input, call_id=use.id
+                step.user_id, step.turn_id, use.name, use.input, call_id=use.id, offered=offered
             )
             results.append(
                 ToolResultBlock(
@@ -367,7 +380,7 @@ class TurnSteps:
             result_messages(results),
             first_seq=TurnPositions.results_seq(step.step),
         )
-        return self._diffs_of(step, reply)
+        return self._diffs_of(step, reply), context
 
     def step_diffs(self, step: StepInput) -> ToolStepResult:
         """What a step's tool calls proposed, as the store holds it (each call's diff found by

@@ -221,6 +221,13 @@ def tool_names(tool_sets: Sequence[ToolSet]) -> tuple[str, ...]:
     return (*letta, *memory, *(name for name in TOOL_DOCS if name not in LETTA_EDIT_TOOLS))
 
 
+def offered_in(definitions: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+    """The tools a model call's `tools` parameter offered (a turn's stored context's): the
+    names of its definitions that are tools of ours, in their order."""
+    known = tool_names(tuple(ToolSet))
+    return tuple(d["name"] for d in definitions if d.get("name") in known)
+
+
 def argument_names(name: str) -> list[str]:
     """The argument names of an offered tool, for messages."""
     if name == MEMORY_TOOL_NAME:

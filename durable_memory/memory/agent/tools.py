@@ -11,6 +11,7 @@ word of our own.
 
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
@@ -163,8 +164,9 @@ def search_result(results: list[dict[str, Any]], text_key: str, **header: object
 
 
 class MemoryTools:
-    """Executes the model's tool calls for one user and turn: the tools the user's profile
-    offers (tool_specs.tool_names), no others."""
+    """Executes the model's tool calls for one user and turn: the tools the turn offered the
+    model (its stored context's, `offered`), else those the user's profile offers now
+    (tool_specs.tool_names), no others."""
 
     def __init__(
         self,
@@ -185,19 +187,30 @@ class MemoryTools:
         name: str,
         arguments: object,
         call_id: str | None = None,
+        offered: Sequence[str] | None = None,
     ) -> ToolOutcome:
         """Run one tool call. With the model's `call_id`, an edit's diff id derives from the
         turn and the call, so executing the same call again proposes nothing new. The
-        result's content is at most MAX_TOOL_RESULT_CHARS long."""
-        return _bounded(self._execute(user_id, turn_id, name, arguments, call_id))
+        result's content is at most MAX_TOOL_RESULT_CHARS long. `offered`: the tools the
+        turn's model calls were offered (`offered_in` its stored context's); None: those the
+        user's profile offers, read now (in the distributed mode a round trip to the git
+        server)."""
+        return _bounded(self._execute(user_id, turn_id, name, arguments, call_id, offered))
 
     def _execute(
-        self, user_id: str, turn_id: str, name: str, arguments: object, call_id: str | None
+        self,
+        user_id: str,
+        turn_id: str,
+        name: str,
+        arguments: object,
+        call_id: str | None,
+        offered: Sequence[str] | None,
     ) -> ToolOutcome:
         shown_name = cut_text(name, MAX_ARGUMENT_NAME_CHARS)
         try:
             validate_user_id(user_id)
-            offered = tool_names(self.blocks.profile(user_id).tools)
+            if offered is None:
+                offered = tool_names(self.blocks.profile(user_id).tools)
         except DurableMemoryError as error:
             return ToolOutcome(f"{shown_name} failed: {error}", is_error=True)
         if name not in offered:

@@ -140,10 +140,15 @@ class TurnStore:
             connection.execute(_DROP_CONTEXT, {"user_id": user_id, "turn_id": turn_id})
 
     def context(self, user_id: str, turn_id: str) -> CompiledContext:
-        body = self._stored(TurnContextRow, "body", {"user_id": user_id, "turn_id": turn_id})
-        if body is None:
+        context = self.stored_context(user_id, turn_id)
+        if context is None:
             raise LookupError(f"turn {turn_id} of user '{user_id}' has no compiled context")
-        return CompiledContext.model_validate_json(body)
+        return context
+
+    def stored_context(self, user_id: str, turn_id: str) -> CompiledContext | None:
+        """The turn's stored context; None once its agent loop is over (`drop_context`)."""
+        body = self._stored(TurnContextRow, "body", {"user_id": user_id, "turn_id": turn_id})
+        return None if body is None else CompiledContext.model_validate_json(body)
 
     def reply(self, user_id: str, turn_id: str, step: int) -> ModelReply | None:
         key = {"user_id": user_id, "turn_id": turn_id, "step": step}
