@@ -16,7 +16,7 @@ from sqlmodel import Field, Session, SQLModel, col, select
 
 from durable_memory.memory.core.errors import DiffAlreadyDecided, UnknownDiff
 from durable_memory.memory.core.ids import validate_diff_id
-from durable_memory.memory.store.sql import keyed, reading, utc
+from durable_memory.memory.store.sql import keyed, reading, table_of, utc
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.operations import EditOperation
 
@@ -70,10 +70,10 @@ def _to_model(row: PendingDiffRow | Row[Any]) -> PendingDiff:
 def _plain_select() -> Any:
     """Diffs as plain rows: every turn lists the user's pending and unfinished ones, and ORM
     objects and sessions cost more than the query."""
-    return select_columns(*PendingDiffRow.__table__.columns)  # type: ignore[attr-defined]
+    return select_columns(*table_of(PendingDiffRow).columns)
 
 
-_DIFFS = PendingDiffRow.__table__  # type: ignore[attr-defined]
+_DIFFS = table_of(PendingDiffRow)
 _EXISTING = select_columns(_DIFFS.c.id).where(
     *keyed(_DIFFS, "user_id"), _DIFFS.c.id.in_(bindparam("diff_ids", expanding=True))
 )

@@ -32,7 +32,7 @@ from durable_memory.memory.core.errors import (
 )
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.recall import RECALL_FTS
-from durable_memory.memory.store.sql import immediate, keyed, raw_sqlite, reading, utc
+from durable_memory.memory.store.sql import immediate, keyed, raw_sqlite, reading, table_of, utc
 from durable_memory.models.turn import ErasureRecord
 
 USER_TABLES = (
@@ -69,7 +69,7 @@ class ErasureRow(SQLModel, table=True):
     readmitted_at: datetime | None = None
 
 
-_ERASURE = ErasureRow.__table__  # type: ignore[attr-defined]
+_ERASURE = table_of(ErasureRow)
 _ERASURES_OF = (
     select_columns(
         _ERASURE.c.requested_by,

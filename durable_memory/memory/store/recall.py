@@ -36,6 +36,7 @@ from durable_memory.memory.store.sql import (
     postgres_text_query,
     postgres_text_vector,
     reading,
+    table_of,
     utc,
     writing_once,
 )
@@ -77,11 +78,11 @@ _COLUMNS += ("tool_name", "tool_call_id", "is_error", "created_at")
 def _plain_select() -> Select[Any]:
     """Messages as plain rows: building ORM objects cost more than all the rest of compiling
     a context of 5,000 messages (35 us each, and garbage for the collector)."""
-    table = RecallMessageRow.__table__  # type: ignore[attr-defined]
+    table = table_of(RecallMessageRow)
     return select_columns(*(table.c[name] for name in _COLUMNS))
 
 
-_RECALL = RecallMessageRow.__table__  # type: ignore[attr-defined]
+_RECALL = table_of(RecallMessageRow)
 _COUNT = select_columns(func.count()).where(*keyed(_RECALL, "user_id"))
 _OF_TURN = (
     _plain_select()
@@ -204,7 +205,7 @@ class RecallStore:
         if not messages:
             return []
         seqs = [first_seq + offset for offset in range(len(messages))]
-        table = RecallMessageRow.__table__  # type: ignore[attr-defined]
+        table = table_of(RecallMessageRow)
         with reading(self.engine) as connection:
             rows = {
                 row.seq: row

@@ -10,7 +10,7 @@ from sqlalchemy import Engine, UniqueConstraint
 from sqlalchemy import select as select_columns
 from sqlmodel import Field, Session, SQLModel, select
 
-from durable_memory.memory.store.sql import keyed, reading
+from durable_memory.memory.store.sql import keyed, reading, table_of
 
 
 class ConversationSummaryRow(SQLModel, table=True):
@@ -24,7 +24,7 @@ class ConversationSummaryRow(SQLModel, table=True):
     created_at: datetime
 
 
-_SUMMARIES = ConversationSummaryRow.__table__  # type: ignore[attr-defined]
+_SUMMARIES = table_of(ConversationSummaryRow)
 _LATEST = (
     select_columns(_SUMMARIES.c.through_message_id, _SUMMARIES.c.text)
     .where(*keyed(_SUMMARIES, "user_id"))

@@ -32,7 +32,7 @@ from sqlmodel import Column, Field, Session, SQLModel, col, select
 
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.erasure import ErasureLedger, user_hash
-from durable_memory.memory.store.sql import insert_keeping, reading
+from durable_memory.memory.store.sql import insert_keeping, reading, table_of
 
 REGISTER_BATCH = 1000
 
@@ -45,7 +45,7 @@ class UserRow(SQLModel, table=True):
     registered_at: datetime
 
 
-_USERS = UserRow.__table__  # type: ignore[attr-defined]
+_USERS = table_of(UserRow)
 _REGISTERED_AMONG = select_columns(_USERS.c.user_id).where(
     _USERS.c.user_id.in_(bindparam("user_ids", expanding=True))
 )

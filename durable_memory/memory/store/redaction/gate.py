@@ -23,7 +23,7 @@ from durable_memory.memory.core.errors import UserBeingRedacted
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.diffs import PendingDiffRow
 from durable_memory.memory.store.recall import RecallMessageRow
-from durable_memory.memory.store.sql import by_key, reading, utc
+from durable_memory.memory.store.sql import by_key, reading, table_of, utc
 from durable_memory.memory.store.turns import TurnContextRow, TurnStepRow
 from durable_memory.models.diffs import DiffStatus, Proposer
 from durable_memory.models.llm import ModelReply
@@ -38,7 +38,7 @@ class RedactionUnderWayRow(SQLModel, table=True):
     started_at: datetime
 
 
-_UNDER_WAY = RedactionUnderWayRow.__table__  # type: ignore[attr-defined]
+_UNDER_WAY = table_of(RedactionUnderWayRow)
 
 
 @dataclass(frozen=True)
