@@ -4,17 +4,25 @@ cache, about twice what running it on SQLite costs, and a tool-using turn runs s
 (store/sql.py `keyed`, docs/benchmarks.md). Measured without a clock: after a warm-up turn,
 every statement a turn's steps execute must be an object some earlier turn executed too."""
 
+import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+import psycopg
+import pytest
+from psycopg.pq import TransactionStatus
 from sqlalchemy import Engine, event
 
+from durable_memory.memory.archive.embedders import default_embedder
+from durable_memory.memory.archive.postgres import PostgresArchive
 from durable_memory.memory.store.redaction.gate import RedactionGate
+from durable_memory.models.archive import NewPassage, PassageSource
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.recall import MessageRole
 from durable_memory.models.turn import TurnInput
-from tests.support.agent_helpers import run_turn_steps, scripted_steps, tool_use
+from tests.support.agent_helpers import edit_block, run_turn_steps, scripted_steps, tool_use
 from tests.support.memory import MemoryRig
 
 SEARCH = tool_use("conversation_search", query="essay")
@@ -92,3 +100,67 @@ def test_each_shape_of_a_filtered_read_is_built_once(memory: MemoryRig, engine: 
     built_before = {id(s) for s in first}
     fresh = [str(s).split("\n")[0] for s in again if id(s) not in built_before]
     assert fresh == [], f"built anew for the second user: {fresh}"
+
+
+@pytest.mark.postgres
+def test_a_turn_on_postgresql_wraps_no_lone_statement_in_a_transaction(
+    memory: MemoryRig, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL a statement that runs alone needs no transaction: BEGIN before it and
+    COMMIT after cost two more round trips (~0.15 ms each on loopback, more across hosts),
+    for nothing (one statement is atomic and sees one snapshot). So a turn's transactions
+    each hold two or more statements that must agree; each lone read or write runs in
+    autocommit (store/sql.py `reading`, `writing_once`). Seen at the driver: a statement run
+    outside autocommit on an idle connection is the one that makes psycopg send BEGIN.
+    Tool-using turns (a recall search, an archive search, a memory edit, then its approval)
+    and plain ones."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("SQLite's transactions are in-process: no round trip to save")
+    archive = PostgresArchive(engine.url.render_as_string(hide_password=False), default_embedder())
+    tides = "The essay on tides was archived."
+    archive.insert(NewPassage(user_id="alice", text=tides, source=PassageSource.AGENT))
+    script: list[dict[str, Any]] = []
+    for likes in ("Socratic questions", "worked examples"):
+        edit = edit_block("human", operation="learn_preference", value=likes)
+        script += [
+            {"content": [{"type": "text", "text": "Let me look."}, SEARCH]},
+            {"content": [tool_use("archival_memory_search", query="tides")]},
+            {"content": [edit]},
+            {"text": "Found it."},
+            {"text": "Hello."},
+        ]
+    transactions: list[list[str]] = []
+    execute = psycopg.Cursor.execute
+
+    def recording(cursor: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+        driver = cursor.connection
+        if not driver.autocommit:
+            if driver.info.transaction_status == TransactionStatus.IDLE:
+                transactions.append([])  # psycopg sends BEGIN before this statement
+            transactions[-1].append(str(query).split("\n")[0][:80] + where_called())
+        return execute(cursor, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", recording)
+    try:
+        with scripted_steps(memory, engine, script, archive) as (steps, _):
+            for i in range(2):
+                for say in ("search", "hello"):
+                    turn = TurnInput(user_id="alice", turn_id=f"t{i}-{say}", message=say)
+                    result = run_turn_steps(steps, turn, 8)
+                    assert result.reply
+                    for diff_id in result.diff_ids:  # and its approval, which commits
+                        memory.review.approve(diff_id, "reviewer", user_id="alice")
+    finally:
+        archive.close()
+    preferences = memory.blocks.read_block("alice", "human").fields["preferences"]
+    assert preferences == ["Socratic questions", "worked examples"]
+    lone = [t[0] for t in transactions if len(t) == 1]
+    assert lone == [], f"a transaction around one statement: {lone}"
+
+
+def where_called() -> str:
+    """` @ file:line` of the innermost frame of ours that ran a statement."""
+    for frame in reversed(traceback.extract_stack()):
+        if "/durable_memory/" in frame.filename:
+            return f" @ {Path(frame.filename).name}:{frame.lineno} {frame.name}"
+    return ""

@@ -38,7 +38,7 @@ from durable_memory.memory.service.blocks import Blocks, BlocksRead
 from durable_memory.memory.service.review import Review
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.summaries import SummaryStore
-from durable_memory.memory.store.turns import PromptBaseStore, TurnStore
+from durable_memory.memory.store.turns import PromptBaseStore
 from durable_memory.models.blocks import AgentProfile, ModelSettings
 from durable_memory.models.context import CompiledContext, ContextWindowOverview, PromptBase
 from durable_memory.models.history import CommitInfo
@@ -374,22 +374,18 @@ def _compile(
 
 
 def warm_base(
-    bases: PromptBaseStore,
-    turns: TurnStore,
-    user_id: str,
-    settings: ModelSettings,
-    now: datetime,
+    bases: PromptBaseStore, user_id: str, settings: ModelSettings, now: datetime
 ) -> PromptBase | None:
     """The user's prompt base while the prompt cache may still hold it; None (move it to
     HEAD) once the user's last model call is older than the profile's cache TTL: the next
     request writes everything again anyway. (The reply's time stands for the call's, which
     began a little earlier: a call that took longer than the gap left to the TTL leaves the
     base one turn longer than a cold cache needed.)"""
-    last = turns.last_reply_at(user_id)
+    base, last = bases.with_last_reply(user_id)
     ttl = CACHE_TTL_SECONDS.get(settings.cache_ttl)
     if last is None or ttl is None or (now - last).total_seconds() > ttl:
         return None
-    return bases.get(user_id)
+    return base
 
 
 def keep_base(bases: PromptBaseStore, user_id: str, context: CompiledContext) -> None:

@@ -291,7 +291,7 @@ class TurnSteps:
             self.archive,
             turn.user_id,
             summarizer=model_summarizer(self.model, profile.model),
-            base=warm_base(self.bases, self.turns, turn.user_id, profile.model, self.clock()),
+            base=warm_base(self.bases, turn.user_id, profile.model, self.clock()),
             profile=profile,
         )
         context = self.turns.save_context(turn.user_id, turn.turn_id, context)

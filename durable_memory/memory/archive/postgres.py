@@ -214,7 +214,7 @@ class PostgresArchive:
 
     def count(self, user_id: str) -> int:
         validate_user_id(user_id)
-        with self.engine.begin() as conn:
+        with reading(self.engine) as conn:  # one statement: no BEGIN and COMMIT around it
             query = text("SELECT count(*) FROM archive_passages WHERE user_id = :user")
             return int(conn.execute(query, {"user": user_id}).scalar_one())
 
@@ -227,7 +227,7 @@ class PostgresArchive:
     def _newest(
         self, user_id: str, where: str, params: dict[str, object], limit: int, offset: int = 0
     ) -> list[Passage]:
-        with self.engine.begin() as conn:
+        with reading(self.engine) as conn:
             rows = conn.execute(
                 text(
                     f"SELECT {_COLUMNS} FROM archive_passages WHERE user_id = :user{where} "

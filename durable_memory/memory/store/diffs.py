@@ -16,7 +16,7 @@ from sqlmodel import Field, Session, SQLModel, col, select
 
 from durable_memory.memory.core.errors import DiffAlreadyDecided, UnknownDiff
 from durable_memory.memory.core.ids import validate_diff_id
-from durable_memory.memory.store.sql import keyed, reading, table_of, utc
+from durable_memory.memory.store.sql import keyed, reading, table_of, utc, writing_once
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.operations import EditOperation
 
@@ -146,7 +146,8 @@ class DiffStore:
 
     def find(self, diff_id: str, user_id: str) -> PendingDiff | None:
         """The user's diff, or None (also when the id belongs to another user's diff)."""
-        with Session(self.engine) as session:
+        # One read: in autocommit on PostgreSQL (no BEGIN and ROLLBACK round trips around it).
+        with reading(self.engine) as connection, Session(bind=connection) as session:
             row = session.get(PendingDiffRow, validate_diff_id(diff_id))
             return _to_model(row) if row is not None and row.user_id == user_id else None
 
@@ -163,7 +164,7 @@ class DiffStore:
         """The user's diffs that the given (newer) diffs of theirs superseded."""
         if not diff_ids:
             return []
-        with Session(self.engine) as session:
+        with reading(self.engine) as connection, Session(bind=connection) as session:
             rows = session.exec(
                 select(PendingDiffRow).where(
                     PendingDiffRow.user_id == user_id,
@@ -179,7 +180,7 @@ class DiffStore:
         a bare diff id (`dmem approve DIFF`); everything acting for a user names the user.
         """
         validate_diff_id(diff_id)
-        with Session(self.engine) as session:
+        with reading(self.engine) as connection, Session(bind=connection) as session:
             row = session.get(PendingDiffRow, diff_id)
             if row is None or (user_id is not None and row.user_id != user_id):
                 owner = f" for user '{user_id}'" if user_id is not None else ""
@@ -228,8 +229,8 @@ class DiffStore:
             values["edited_operation"] = _OPERATION.dump_json(edited_operation).decode()
         if isinstance(values.get("decided_at"), datetime):
             values["decided_at"] = utc(values["decided_at"])
-        with Session(self.engine) as session:
-            result = session.execute(
+        with writing_once(self.engine) as connection:  # one statement: atomic alone
+            result = connection.execute(
                 update(PendingDiffRow)
                 .where(
                     col(PendingDiffRow.id) == diff_id,
@@ -238,8 +239,7 @@ class DiffStore:
                 )
                 .values(status=new.value, **values)
             )
-            session.commit()
-            changed = getattr(result, "rowcount", 0)
+            changed = result.rowcount
         diff = self.get(diff_id, user_id)
         if not changed:
             raise DiffAlreadyDecided.about(diff)
@@ -247,8 +247,8 @@ class DiffStore:
 
     def set_commit(self, diff_id: str, user_id: str, sha: str) -> PendingDiff:
         """Record the commit of an approved diff, once: a diff that has one keeps it."""
-        with Session(self.engine) as session:
-            session.execute(
+        with writing_once(self.engine) as connection:
+            connection.execute(
                 update(PendingDiffRow)
                 .where(
                     col(PendingDiffRow.id) == diff_id,
@@ -258,7 +258,6 @@ class DiffStore:
                 )
                 .values(commit_sha=sha)
             )
-            session.commit()
         return self.get(diff_id, user_id)
 
 

@@ -14,11 +14,14 @@ dropped, in the same transaction as the creation. A database is migrated by the 
 `make_engine` that opens it.
 """
 
+import functools
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Select, Table, event, inspect, text
+from sqlalchemy import Connection, Engine, Insert, Select, Table, event, inspect, or_, text
 from sqlalchemy import select as select_columns
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Field, Session, SQLModel, col, func, select
 
 from durable_memory.memory.store.sql import (
@@ -136,7 +139,7 @@ class TurnStore:
         (a retried model step finds its stored reply first), and each one holds the whole
         conversation window, so keeping every turn's would grow a user's rows with the square
         of the conversation's length. Idempotent."""
-        with self.engine.begin() as connection:
+        with writing_once(self.engine) as connection:
             connection.execute(_DROP_CONTEXT, {"user_id": user_id, "turn_id": turn_id})
 
     def context(self, user_id: str, turn_id: str) -> CompiledContext:
@@ -173,13 +176,6 @@ class TurnStore:
             ).all()
         usage = sum((ModelReply.model_validate_json(r.reply).usage for r in rows), TokenUsage())
         return newest.turn_id, usage
-
-    def last_reply_at(self, user_id: str) -> datetime | None:
-        """When the user's newest model reply was stored (in UTC), None before the first: how
-        long the prompt cache has gone unread (memory/agent/context.py)."""
-        with reading(self.engine) as connection:
-            newest = connection.execute(_LAST_REPLY_AT, {"user_id": user_id}).scalar()
-        return None if newest is None else utc(newest)
 
     def save_reply(self, user_id: str, turn_id: str, step: int, reply: ModelReply) -> ModelReply:
         """Keep the first reply stored for a step of a user's turn."""
@@ -224,22 +220,53 @@ class PromptBaseStore:
     def get(self, user_id: str) -> PromptBase | None:
         with reading(self.engine) as connection:
             row = connection.execute(_base_of(), {"user_id": user_id}).first()
-        if row is None:
-            return None
-        return PromptBase(commit=row.commit_sha, summarized_through_message_id=row[1])
+        return _base(row)
+
+    def with_last_reply(self, user_id: str) -> tuple[PromptBase | None, datetime | None]:
+        """The user's base, and when their newest model reply was stored (in UTC; None before
+        the first): how long the prompt cache has gone unread (memory/agent/context.py's
+        `warm_base`). One statement: two would cost a round trip more on every turn."""
+        with reading(self.engine) as connection:
+            row = connection.execute(_BASE_AND_LAST_REPLY, {"user_id": user_id}).one()
+        last: datetime | None = row.last_reply_at
+        return _base(None if row.commit_sha is None else row), (None if last is None else utc(last))
 
     def move(self, user_id: str, base: PromptBase) -> None:
-        """Set the user's base (idempotent: a retry writes nothing new)."""
-        table = table_of(PromptBaseRow)
+        """Set the user's base (idempotent: a retry writes nothing new). One statement, an
+        insert that updates a stored row only where it differs."""
         values = {
+            "user_id": user_id,
             "commit_sha": base.commit,
             "summarized_through_message_id": base.summarized_through_message_id,
         }
-        with self.engine.begin() as connection:
-            row = connection.execute(_base_of(), {"user_id": user_id}).first()
-            if row is None:
-                connection.execute(table.insert().values(user_id=user_id, **values))
-            elif tuple(row) != tuple(values.values()):
-                connection.execute(
-                    table.update().where(table.c.user_id == user_id).values(**values)
-                )
+        with writing_once(self.engine) as connection:
+            connection.execute(_moving(self.engine.dialect.name), values)
+
+
+def _base(row: Any) -> PromptBase | None:
+    """A `_base_of` row (commit, summarized through) as the base; None for no row."""
+    if row is None:
+        return None
+    return PromptBase(commit=row.commit_sha, summarized_through_message_id=row[1])
+
+
+_BASE_AND_LAST_REPLY = select_columns(
+    *(
+        by_key(table_of(PromptBaseRow), (c,), ("user_id",)).scalar_subquery().label(c)
+        for c in ("commit_sha", "summarized_through_message_id")
+    ),
+    _LAST_REPLY_AT.scalar_subquery().label("last_reply_at"),
+)
+
+
+@functools.cache
+def _moving(dialect: str) -> Insert:
+    """`PromptBaseStore.move`'s statement for a dialect (both share the upsert's syntax)."""
+    table = table_of(PromptBaseRow)
+    insert = postgresql_insert(table) if dialect == "postgresql" else sqlite_insert(table)
+    changed = {c: insert.excluded[c] for c in ("commit_sha", "summarized_through_message_id")}
+    return insert.on_conflict_do_update(
+        index_elements=["user_id"],
+        set_=changed,
+        where=or_(*(table.c[c] != new for c, new in changed.items())),
+    )

@@ -32,7 +32,7 @@ from sqlmodel import Column, Field, Session, SQLModel, col, select
 
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.erasure import ErasureLedger, user_hash
-from durable_memory.memory.store.sql import insert_keeping, reading, table_of
+from durable_memory.memory.store.sql import insert_keeping, reading, table_of, writing_once
 
 REGISTER_BATCH = 1000
 
@@ -73,7 +73,7 @@ class UserDirectory:
                 found = set(conn.execute(_REGISTERED_AMONG, {"user_ids": batch}).scalars())
             rows = [{"user_id": u, "registered_at": now} for u in batch if u not in found]
             if rows:
-                with self.engine.begin() as conn:
+                with writing_once(self.engine) as conn:
                     conn.execute(insert_keeping(self.engine, UserRow, "user_id"), rows)
 
     def refuse_if_forgotten(self, user_id: str) -> None:
