@@ -2,6 +2,7 @@
 recall, and that a retried step (the activity run again after a crash) reuses what the first
 attempt stored instead of calling the model again or adding rows or diffs."""
 
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,8 @@ import pytest
 from sqlalchemy import Engine, text
 
 from durable_memory.memory.agent.steps import TurnPositions
+from durable_memory.memory.store.erasure import ErasureLedger
+from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.turns import TurnStore
 from durable_memory.models.context import CompiledContext
 from durable_memory.models.recall import MessageRole
@@ -195,3 +198,47 @@ def test_tools_run_again_after_their_edit_was_applied_answer_the_same_diffs(
 
 
 MONTH = timedelta(days=30)
+
+
+def test_a_model_call_in_the_activity_that_read_its_context_asks_nothing_again(
+    memory: MemoryRig, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """start_turn (prepare, then step 1's model call) and tools_then_model (a step's tools,
+    then the next model call) each hand the context they read to the model call: it neither
+    reads it again nor asks again whether the user is forgotten, which the same activity
+    asked moments before (it asks once more after the model answered, before storing the
+    reply: a forget meanwhile stores nothing). Step 1 follows no step, so it reads none of
+    the turn's step messages from recall; a later step does."""
+    asked: Counter[str] = Counter()
+    for owner, name in [
+        (ErasureLedger, "refuse_if_forgotten"),
+        (RecallStore, "turn"),
+        (TurnStore, "stored_context"),
+    ]:
+        original = getattr(owner, name)
+
+        def counted(*args: Any, _original: Any = original, _name: str = name) -> Any:
+            asked[_name] += 1
+            return _original(*args)
+
+        monkeypatch.setattr(owner, name, counted)
+    turn = TurnInput(user_id="alice", turn_id="t1", message="I write essays")
+    script: list[dict[str, Any]] = [{"content": [SEARCH]}, {"text": "Nothing found."}]
+    with scripted_steps(memory, engine, script) as (steps, _):
+        _, context = steps.prepare_context(turn)
+        assert asked == {"refuse_if_forgotten": 1}
+        first = StepInput(user_id="alice", turn_id="t1", step=1)
+        assert steps.call_model(first, context).tool_calls == 1
+        assert asked == {"refuse_if_forgotten": 2}  # the second: after the model answered
+        asked.clear()
+        _, context = steps.run_tools_in_context(first)
+        assert asked == {"refuse_if_forgotten": 1, "stored_context": 1}
+        second = StepInput(user_id="alice", turn_id="t1", step=2)
+        assert steps.call_model(second, context).text == "Nothing found."
+        assert asked == {"refuse_if_forgotten": 2, "stored_context": 1, "turn": 1}
+    assert [role for _, role in _positions(memory, "t1")] == [
+        MessageRole.USER,
+        MessageRole.TOOL_CALL,
+        MessageRole.TOOL_RESULT,
+        MessageRole.ASSISTANT,
+    ]

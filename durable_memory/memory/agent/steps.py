@@ -311,13 +311,20 @@ class TurnSteps:
         """One model call; its reply is stored, so a retry does not call the model again.
         Nothing is stored for a user forgotten meanwhile (the call may take a minute).
         `context`: the turn's stored context, if the caller holds it (`prepare_context` or
-        `run_tools_in_context` in the same activity), else it is read from the store."""
+        `run_tools_in_context` in the same activity, each of which refused a forgotten user
+        moments before: not asked again here), else it is read from the store."""
         reply = self.turns.reply(step.user_id, step.turn_id, step.step)
         if reply is None:
-            self.sources.blocks.refuse_if_forgotten(step.user_id)
             if context is None:
+                self.sources.blocks.refuse_if_forgotten(step.user_id)
                 context = self.turns.context(step.user_id, step.turn_id)
-            earlier = self.sources.recall.turn(step.user_id, step.turn_id, TurnPositions.FIRST_STEP)
+            # Step 1's model call follows no step of its turn: no reply stored (so none
+            # recorded, which follows the store), no tool results.
+            earlier = (
+                []
+                if step.step == 1
+                else self.sources.recall.turn(step.user_id, step.turn_id, TurnPositions.FIRST_STEP)
+            )
             continuation = to_chat_messages(earlier, start_with_user=False)
             settings = context.model or self.sources.blocks.profile(step.user_id).model
             ttl = None if settings.cache_ttl == "off" else settings.cache_ttl
