@@ -231,10 +231,11 @@ def test_a_model_call_in_the_activity_that_read_its_context_asks_nothing_again(
         assert steps.call_model(first, context).tool_calls == 1
         assert asked == {"refuse_if_forgotten": 2}  # the second: after the model answered
         asked.clear()
-        _, context = steps.run_tools_in_context(first)
+        _, stored = steps.run_tools_in_context(first)
+        assert stored == context
         assert asked == {"refuse_if_forgotten": 1, "stored_context": 1}
         second = StepInput(user_id="alice", turn_id="t1", step=2)
-        assert steps.call_model(second, context).text == "Nothing found."
+        assert steps.call_model(second, stored).text == "Nothing found."
         assert asked == {"refuse_if_forgotten": 2, "stored_context": 1, "turn": 1}
     assert [role for _, role in _positions(memory, "t1")] == [
         MessageRole.USER,
