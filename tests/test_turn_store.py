@@ -6,11 +6,13 @@ Storing the first costs one statement; only an attempt that finds one stored rea
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine, event, func, select
 
-from durable_memory.memory.store.turns import TurnStepRow, TurnStore
+from durable_memory.memory.store.turns import PromptBaseStore, TurnStepRow, TurnStore
+from durable_memory.models.context import PromptBase
 from tests.test_isolation import _context, _reply
 
 ATTEMPTS = 8
@@ -59,6 +61,34 @@ def test_storing_the_first_is_one_statement_and_only_a_repeat_reads_it(engine: E
         assert [s.split()[0] for s in again] == ["INSERT", "SELECT"]
     assert turns.context("alice", "t1").system == "first"
     assert turns.reply("alice", "t1", 1) == _reply("first")
+
+
+def test_a_base_left_where_it_was_is_read_not_written(engine: Engine) -> None:
+    """Nearly every turn moves the prompt base to where it already is. That is one read: an
+    upsert whose update changes nothing still locks the row (on PostgreSQL a transaction id
+    and a commit flushed to the WAL; on SQLite the write lock), so it is not sent. A base
+    that differs is written, and read back as written; `with_last_reply` reads it and the
+    newest reply's time together."""
+    bases = PromptBaseStore(engine)
+    assert bases.with_last_reply("alice") == (None, None)
+    first = PromptBase(commit="a" * 40, summarized_through_message_id=0)
+    moved = PromptBase(commit="b" * 40, summarized_through_message_id=7)
+    for base, sent in [
+        (first, ["SELECT", "INSERT"]),
+        (first, ["SELECT"]),
+        (moved, ["SELECT", "INSERT"]),
+        (moved, ["SELECT"]),
+    ]:
+        with _statements(engine) as statements:
+            bases.move("alice", base)
+        assert [s.split()[0] for s in statements] == sent
+        assert bases.get("alice") == base
+    TurnStore(engine).save_reply("alice", "t1", 1, _reply("hello"))
+    kept, last = bases.with_last_reply("alice")
+    assert kept == moved
+    assert last is not None
+    assert abs(datetime.now(UTC) - last) < timedelta(minutes=5)
+    assert bases.with_last_reply("bob") == (None, None)
 
 
 @contextmanager

@@ -232,8 +232,14 @@ class PromptBaseStore:
         return _base(None if row.commit_sha is None else row), (None if last is None else utc(last))
 
     def move(self, user_id: str, base: PromptBase) -> None:
-        """Set the user's base (idempotent: a retry writes nothing new). One statement, an
-        insert that updates a stored row only where it differs."""
+        """Set the user's base (idempotent: a retry writes nothing new). Nearly every turn
+        leaves it where it was: a read, alone, finds that; only a base that differs is
+        written, by an insert that updates a stored row (so two workers moving one user's
+        base at once do not collide on its key). Not the upsert alone: an ON CONFLICT DO
+        UPDATE whose WHERE is false still locks the row, which on PostgreSQL takes a
+        transaction id and flushes a commit to the WAL, and on SQLite the write lock."""
+        if self.get(user_id) == base:
+            return
         values = {
             "user_id": user_id,
             "commit_sha": base.commit,
