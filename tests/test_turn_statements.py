@@ -130,14 +130,17 @@ def test_a_turn_on_postgresql_wraps_no_lone_statement_in_a_transaction(
             {"text": "Hello."},
         ]
     transactions: list[list[str]] = []
+    open_on: dict[int, list[str]] = {}
+    """The statements of the transaction open on each driver connection."""
     execute = psycopg.Cursor.execute
 
     def recording(cursor: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
         driver = cursor.connection
         if not driver.autocommit:
             if driver.info.transaction_status == TransactionStatus.IDLE:
-                transactions.append([])  # psycopg sends BEGIN before this statement
-            transactions[-1].append(str(query).split("\n")[0][:80] + where_called())
+                open_on[id(driver)] = []  # psycopg sends BEGIN before this statement
+                transactions.append(open_on[id(driver)])
+            open_on[id(driver)].append(str(query).split("\n")[0][:80] + where_called())
         return execute(cursor, query, *args, **kwargs)
 
     monkeypatch.setattr(psycopg.Cursor, "execute", recording)

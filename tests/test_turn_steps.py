@@ -217,9 +217,9 @@ def test_a_model_call_in_the_activity_that_read_its_context_asks_nothing_again(
     ]:
         original = getattr(owner, name)
 
-        def counted(*args: Any, _original: Any = original, _name: str = name) -> Any:
+        def counted(*args: Any, _original: Any = original, _name: str = name, **kw: Any) -> Any:
             asked[_name] += 1
-            return _original(*args)
+            return _original(*args, **kw)
 
         monkeypatch.setattr(owner, name, counted)
     turn = TurnInput(user_id="alice", turn_id="t1", message="I write essays")

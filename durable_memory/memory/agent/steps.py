@@ -312,7 +312,8 @@ class TurnSteps:
         Nothing is stored for a user forgotten meanwhile (the call may take a minute).
         `context`: the turn's stored context, if the caller holds it (`prepare_context` or
         `run_tools_in_context` in the same activity, each of which refused a forgotten user
-        moments before: not asked again here), else it is read from the store."""
+        when it began: not asked again before the call, which may then go out after a
+        forget began; docs/governance.md), else it is read from the store."""
         reply = self.turns.reply(step.user_id, step.turn_id, step.step)
         if reply is None:
             if context is None:

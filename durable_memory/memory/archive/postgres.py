@@ -247,10 +247,11 @@ class PostgresArchive:
             newest = self._newest(user_id, where, params, request.top_k)
             return [PassageHit(passage=p, score=0.0) for p in newest]
         scope = {"user": user_id, **params, "limit": LEG_LIMIT}
-        # In a transaction: the vectors are read on the driver's own connection, whose errors
-        # SQLAlchemy does not see; a connection found dead by it is reported (a transient
-        # error) and the pool dropped by the rollback, as for any statement of ours.
-        with self.engine.begin() as conn:
+        # In a transaction when the vectors are read: they are read on the driver's own
+        # connection, whose errors SQLAlchemy does not see; a connection found dead by it is
+        # reported (a transient error) and the pool dropped by the rollback, as for any
+        # statement of ours. The keyword leg alone is one statement: in autocommit.
+        with self.engine.begin() if request.alpha > 0.0 else reading(self.engine) as conn:
             keyword = self._keyword_leg(conn, terms, where, scope) if request.alpha < 1.0 else {}
             rows = self._vector_rows(conn, request, user_id) if request.alpha > 0.0 else []
         # The query is embedded only when there are rows to compare it with (the embedder's
