@@ -206,8 +206,8 @@ def test_a_model_call_in_the_activity_that_read_its_context_asks_nothing_again(
     """start_turn (prepare, then step 1's model call) and tools_then_model (a step's tools,
     then the next model call) each hand the context they read to the model call: it neither
     reads it again nor asks again whether the user is forgotten, which the same activity
-    asked moments before (it asks once more after the model answered, before storing the
-    reply: a forget meanwhile stores nothing). Step 1 follows no step, so it reads none of
+    asked moments before, once the turn's rows were written (it asks once more after the
+    model answered, before storing the reply: a forget meanwhile stores nothing). Step 1 follows no step, so it reads none of
     the turn's step messages from recall; a later step does."""
     asked: Counter[str] = Counter()
     for owner, name in [
@@ -226,10 +226,10 @@ def test_a_model_call_in_the_activity_that_read_its_context_asks_nothing_again(
     script: list[dict[str, Any]] = [{"content": [SEARCH]}, {"text": "Nothing found."}]
     with scripted_steps(memory, engine, script) as (steps, _):
         _, context = steps.prepare_context(turn)
-        assert asked == {"refuse_if_forgotten": 1}
+        assert asked == {"refuse_if_forgotten": 2}  # before it wrote anything, and after
         first = StepInput(user_id="alice", turn_id="t1", step=1)
         assert steps.call_model(first, context).tool_calls == 1
-        assert asked == {"refuse_if_forgotten": 2}  # the second: after the model answered
+        assert asked == {"refuse_if_forgotten": 3}  # the third: after the model answered
         asked.clear()
         _, stored = steps.run_tools_in_context(first)
         assert stored == context

@@ -36,8 +36,13 @@ from durable_memory.memory.agent.llm import ModelCallError
 from durable_memory.memory.agent.tool_specs import check_input_size, offered_in, tool_definitions
 from durable_memory.memory.agent.tools import MemoryTools, call_diff_id
 from durable_memory.memory.archive.protocol import ArchiveStore
-from durable_memory.memory.core.errors import DurableMemoryError
+from durable_memory.memory.core.errors import (
+    DurableMemoryError,
+    UserBeingForgotten,
+    UserForgotten,
+)
 from durable_memory.memory.core.limits import LimitExceeded, cut_text
+from durable_memory.memory.store.erasure import erase_user_rows
 from durable_memory.memory.store.turns import PromptBaseStore, TurnStore
 from durable_memory.models.blocks import AgentProfile, ModelSettings
 from durable_memory.models.context import CompiledContext, PromptBase
@@ -298,6 +303,7 @@ class TurnSteps:
         # After the context is stored: a retry of a step that died in between finds the
         # stored context and moves the base to what it was compiled from.
         keep_base(self.bases, turn.user_id, context)
+        self._refuse_if_forgotten_after_writing(turn.user_id)
         prepared = PreparedTurn(
             total_tokens=context.overview.total_tokens,
             share_used=context.overview.share_used,
@@ -312,12 +318,11 @@ class TurnSteps:
         Nothing is stored for a user forgotten meanwhile (the call may take a minute).
         `context`: the turn's stored context, if the caller holds it (`prepare_context` or
         `run_tools_in_context` in the same activity, each of which refused a forgotten user
-        when it began: not asked again before the call, which may then go out after a
-        forget began; docs/governance.md), else it is read from the store."""
+        moments before: not asked again before the call), else it is read from the store."""
         reply = self.turns.reply(step.user_id, step.turn_id, step.step)
         if reply is None:
             if context is None:
-                self.sources.blocks.refuse_if_forgotten(step.user_id)
+                self._refuse_if_forgotten_after_writing(step.user_id)
                 context = self.turns.context(step.user_id, step.turn_id)
             # Step 1's model call follows no step of its turn: no reply stored (so none
             # recorded, which follows the store), no tool results.
@@ -332,7 +337,7 @@ class TurnSteps:
             request = model_request(context, continuation, ttl)
             reply = self.model.create(settings, request.system, request.messages, request.tools)
             check_tool_calls(reply, {m.tool_call_id for m in earlier if m.tool_call_id})
-            self.sources.blocks.refuse_if_forgotten(step.user_id)
+            self._refuse_if_forgotten_after_writing(step.user_id)
             reply = self.turns.save_reply(step.user_id, step.turn_id, step.step, reply)
             crash_point(AFTER_MODEL_CALL)
         self.sources.recall.record(
@@ -349,6 +354,23 @@ class TurnSteps:
             stop_reason=reply.stop_reason,
             usage=reply.usage,
         )
+
+    def _refuse_if_forgotten_after_writing(self, user_id: str) -> None:
+        """The erasure check of every step once the turn has written for the user (its
+        message, context, a summary, replies, tool results, proposals): all but the first,
+        at the start of prepare, before anything is written. Write, then check: a forget
+        that began after this check empties what was written (it empties the stores after
+        its record opened); one that began before is seen here, and what was written is
+        deleted now, since the forget's own emptying may have passed while the step ran (a
+        summary or a model call: up to a minute; a retry after an outage)."""
+        try:
+            self.sources.blocks.refuse_if_forgotten(user_id)
+        except UserBeingForgotten:
+            erase_user_rows(self.turns.engine, user_id, keep_listed=True)
+            raise
+        except UserForgotten:
+            erase_user_rows(self.turns.engine, user_id)
+            raise
 
     def run_tools(self, step: StepInput) -> ToolStepResult:
         """Execute the tool calls of a step's reply; edits become pending diffs. The answer is
@@ -368,7 +390,7 @@ class TurnSteps:
         changed meanwhile (its tools, or the deploy's) applies from the next turn, as its
         model settings do, and no step reads the profile again. A context already dropped
         (this step run again after the turn's last model call) leaves the profile's tools."""
-        self.sources.blocks.refuse_if_forgotten(step.user_id)
+        self._refuse_if_forgotten_after_writing(step.user_id)
         reply = self._reply_of(step)
         context = self.turns.stored_context(step.user_id, step.turn_id)
         offered = None if context is None else offered_in(context.tools)
@@ -415,7 +437,7 @@ class TurnSteps:
     def finish(self, finish: FinishInput) -> FinishedTurn:
         """Note a step-limit stop in recall; describe the proposed diffs for the reply and UI."""
         sources = self.sources
-        sources.blocks.refuse_if_forgotten(finish.user_id)
+        self._refuse_if_forgotten_after_writing(finish.user_id)
         if finish.stopped_at_step_limit:
             note = NewMessage(role=MessageRole.ASSISTANT, content=step_limit_note(finish.max_steps))
             sources.recall.record(

@@ -236,25 +236,28 @@ class ErasureLedger:
             return [_record(row) for row in session.exec(self._newest_first(user_id)).all()]
 
 
-def erase_user_rows(engine: Engine, user_id: str) -> int:
+def erase_user_rows(engine: Engine, user_id: str, *, keep_listed: bool = False) -> int:
     """Delete every row of the user from every table (idempotent); how many were deleted. On
-    SQLite, the freed bytes are zeroed and the WAL emptied (see the module)."""
+    SQLite, the freed bytes are zeroed and the WAL emptied (see the module). `keep_listed`:
+    all but their row in `users`, for a step that finds the user's forget under way (the
+    forget deletes that row last itself)."""
     validate_user_id(user_id)
+    tables = tuple(t for t in USER_TABLES if not keep_listed or t != "users")
     if engine.dialect.name == "sqlite":
-        return _erase_sqlite(engine, user_id)
+        return _erase_sqlite(engine, user_id, tables)
     deleted = 0
     with engine.begin() as conn:
-        for name in USER_TABLES:
+        for name in tables:
             table = SQLModel.metadata.tables[name]
             deleted += int(conn.execute(table.delete().where(table.c.user_id == user_id)).rowcount)
     return deleted
 
 
-def _erase_sqlite(engine: Engine, user_id: str) -> int:
+def _erase_sqlite(engine: Engine, user_id: str, tables: Sequence[str]) -> int:
     with raw_sqlite(engine) as db:  # its connections run with secure_delete (sql.py)
         with immediate(db):
             deleted = 0
-            for name in USER_TABLES:
+            for name in tables:
                 deleted += db.execute(f"DELETE FROM {name} WHERE user_id = ?", (user_id,)).rowcount
             # One merged segment: FTS5 drops a deleted row's tokens only when merging.
             db.execute(f"INSERT INTO {RECALL_FTS.name} ({RECALL_FTS.name}) VALUES ('optimize')")
