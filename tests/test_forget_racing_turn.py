@@ -10,19 +10,24 @@ record completed or not), at the two places a step waits long: the compile and t
 call."""
 
 from collections.abc import Callable
+from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
 
 import durable_memory.memory.agent.steps as steps_module
+from durable_memory.memory.archive.embedders import default_embedder
+from durable_memory.memory.archive.protocol import ArchiveStore
+from durable_memory.memory.archive.sqlite import SqliteArchive
 from durable_memory.memory.core.errors import UserBeingForgotten, UserForgotten
 from durable_memory.memory.store.erasure import USER_TABLES, ErasureLedger, erase_user_rows
 from durable_memory.models.turn import StepInput, TurnInput
 from tests.support.agent_helpers import run_turn_steps, scripted_steps, tool_use
 from tests.support.memory import MemoryRig
 
-SEARCH = tool_use("conversation_search", query="essay")
+ARCHIVE = tool_use("archival_memory_insert", content="Alice drafts her essays at night.")
 
 
 def rows_of(engine: Engine, user_id: str) -> dict[str, int]:
@@ -40,7 +45,9 @@ STAGES = ["opened", "emptied", "completed"]
 emptying a long step outlives); its record completed."""
 
 
-def forget_begins(engine: Engine, stage: str) -> Callable[[], None]:
+def forget_begins(
+    engine: Engine, stage: str, archive: ArchiveStore | None = None
+) -> Callable[[], None]:
     """The forget's steps, at once, up to `stage`."""
 
     def forget() -> None:
@@ -48,6 +55,8 @@ def forget_begins(engine: Engine, stage: str) -> Callable[[], None]:
         ledger.begin("alice", "dpo@school", "asked")
         if stage != "opened":
             erase_user_rows(engine, "alice")
+            if archive is not None:
+                archive.forget_user("alice")
         if stage == "completed":
             ledger.complete("alice")
 
@@ -106,14 +115,15 @@ def test_a_forget_that_begins_while_the_context_compiles_leaves_no_row(
 @pytest.mark.usefixtures("earlier_turn")
 @pytest.mark.parametrize("step", [1, 2])
 def test_a_forget_that_begins_during_a_model_call_leaves_no_row(
-    memory: MemoryRig, engine: Engine, stage: str, step: int
+    memory: MemoryRig, engine: Engine, stage: str, step: int, tmp_path: Path
 ) -> None:
     """The model answers after the forget began and its emptying passed: the reply is not
-    stored, and the turn's rows (its message, context, the first step's reply and tool
-    results for step 2) are gone."""
+    stored, and the turn's rows (its message, context, and for step 2 the first step's
+    reply, its tool's result and the passage it archived) are gone."""
     bob = rows_of(engine, "bob")
-    script: list[dict[str, Any]] = [{"content": [SEARCH]}, {"text": "Nothing found."}]
-    with scripted_steps(memory, engine, script) as (steps, server):
+    script: list[dict[str, Any]] = [{"content": [ARCHIVE]}, {"text": "Noted."}]
+    archive = SqliteArchive(tmp_path / "archive.db", default_embedder())
+    with closing(archive), scripted_steps(memory, engine, script, archive) as (steps, server):
         turn = TurnInput(user_id="alice", turn_id="t1", message="I write essays")
         _, context = steps.prepare_context(turn)
         first = StepInput(user_id="alice", turn_id="t1", step=1)
@@ -122,12 +132,13 @@ def test_a_forget_that_begins_during_a_model_call_leaves_no_row(
             _, stored = steps.run_tools_in_context(first)
             assert stored is not None
             context = stored
+            assert archive.count("alice") == 1
         model = steps.model
         calling = model.create
 
         def answering_after_the_forget(*args: Any, **kwargs: Any) -> Any:
             reply = calling(*args, **kwargs)
-            forget_begins(engine, stage)()
+            forget_begins(engine, stage, archive)()
             return reply
 
         steps.model = type(
@@ -137,4 +148,5 @@ def test_a_forget_that_begins_during_a_model_call_leaves_no_row(
         with pytest.raises(refused_as(stage)):
             steps.call_model(where, context)
         assert len(server.requests) == step  # the model was asked, its answer not kept
+        assert archive.count("alice") == 0
     assert_nothing_left(engine, stage, bob)

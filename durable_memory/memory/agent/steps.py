@@ -357,7 +357,8 @@ class TurnSteps:
 
     def _refuse_if_forgotten_after_writing(self, user_id: str) -> None:
         """The erasure check of every step once the turn has written for the user (its
-        message, context, a summary, replies, tool results, proposals): all but the first,
+        message, context, a summary, replies, tool results, proposals, archived passages):
+        all but the first,
         at the start of prepare, before anything is written. Write, then check: a forget
         that began after this check empties what was written (it empties the stores after
         its record opened); one that began before is seen here, and what was written is
@@ -365,11 +366,12 @@ class TurnSteps:
         summary or a model call: up to a minute; a retry after an outage)."""
         try:
             self.sources.blocks.refuse_if_forgotten(user_id)
-        except UserBeingForgotten:
-            erase_user_rows(self.turns.engine, user_id, keep_listed=True)
-            raise
-        except UserForgotten:
-            erase_user_rows(self.turns.engine, user_id)
+        except (UserBeingForgotten, UserForgotten) as closed:
+            erase_user_rows(
+                self.turns.engine, user_id, keep_listed=isinstance(closed, UserBeingForgotten)
+            )
+            if self.archive is not None:  # a passage the model's tool call inserted
+                self.archive.forget_user(user_id)
             raise
 
     def run_tools(self, step: StepInput) -> ToolStepResult:
