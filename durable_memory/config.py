@@ -150,6 +150,12 @@ class TemporalSettings(BaseModel):
     """A client waiting for a turn's reply or a decision's answer gives up with
     `NoWorkerPolling` once no worker has polled the task queue for this long (a worker's
     long poll lasts about a minute, so keep it above 60 s)."""
+    sticky_schedule_to_start_s: float = Field(default=10, gt=0)
+    """How long a workflow task waits on the queue of the worker that ran the workflow's last
+    task (its sticky queue: that worker holds the workflow in memory) before any worker may
+    take it, replaying the history. So the wait of a turn whose worker died (SIGKILL, a lost
+    host) before another worker carries it on. Lower is quicker after a crash; too low moves
+    tasks off a worker that is merely busy, each move a replay. The SDK's default, 10 s."""
 
 
 class DevServerSettings(BaseModel):

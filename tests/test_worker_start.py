@@ -3,6 +3,7 @@ every turn would upsert it, fail its workflow task and retry forever without ans
 error names each missing attribute and the one command that registers them. A worker makes
 the rotation sweep's Schedule unless its configuration leaves it to others."""
 
+import concurrent.futures
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -17,10 +18,12 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from durable_memory.config import ConfigError
+from durable_memory.bootstrap import stack_from_settings
+from durable_memory.config import ConfigError, load_settings
+from durable_memory.memory.agent.llm import AnthropicModel
 from durable_memory.scripted_model import ScriptedModelServer
 from durable_memory.workers.dev_server import DEV_SERVER_ARGS, DEV_SERVER_STARTUP, temporal_binary
-from durable_memory.workers.worker import require_search_attributes
+from durable_memory.workers.worker import ACTIVITY_THREADS, build_worker, require_search_attributes
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
 from tests.support.temporal_helpers import rig_settings
 from tests.support.worker_process import address, spawn_worker, stop_worker
@@ -87,3 +90,26 @@ async def test_a_worker_makes_the_rotation_schedule_unless_told_to_leave_it(
     assert action.task_queue == settings.temporal.task_queue
     assert described.schedule.spec.intervals[0].every == timedelta(seconds=rotation.interval_s)
     await handle.delete()
+
+
+async def test_the_wait_before_a_lost_workers_turns_move_is_the_configured_one(
+    temporal_env: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn whose worker died waits on that worker's sticky queue before another worker
+    takes it over: `temporal.sticky_schedule_to_start_s` from the config file (the kill tests
+    set it to 1 s, which is what makes each about 8 s shorter), else the SDK's 10 s."""
+    config = tmp_path / "worker.yaml"
+    data = tmp_path / "data"
+    config.write_text(
+        f"memory:\n  data_dir: {data}\ntemporal:\n  sticky_schedule_to_start_s: 2.5\n",
+        encoding="utf-8",
+    )
+    monkeypatch.delenv("DMEM_CONFIG", raising=False)
+    for path, expected in [(config, timedelta(seconds=2.5)), (None, timedelta(seconds=10))]:
+        settings = load_settings(path) if path else rig_settings(data)
+        stack = stack_from_settings(settings)
+        with concurrent.futures.ThreadPoolExecutor(ACTIVITY_THREADS) as pool:
+            model = AnthropicModel(base_url="http://127.0.0.1:9")  # never called here
+            worker = build_worker(temporal_env.client, settings, stack, model, pool)
+            assert worker.config()["sticky_queue_schedule_to_start_timeout"] == expected
+        stack.close()

@@ -6,6 +6,7 @@ import contextlib
 import gc
 import logging
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
@@ -122,6 +123,9 @@ def build_worker(
         activity_executor=executor,
         max_concurrent_activities=ACTIVITY_THREADS,
         workflow_runner=workflow_runner,
+        sticky_queue_schedule_to_start_timeout=timedelta(
+            seconds=settings.temporal.sticky_schedule_to_start_s
+        ),
     )
 
 

@@ -21,6 +21,7 @@ from durable_memory.models.activity_settings import (
 from tests.support.temporal_helpers import rig_settings
 
 FAST = ActivitySettings(start_to_close_s=4, retry=RetrySettings(initial_interval_s=0.2))
+STICKY_S = 1.0
 
 
 def crash_settings(tmp_path: Path) -> Settings:
@@ -29,9 +30,11 @@ def crash_settings(tmp_path: Path) -> Settings:
 
 
 def with_fast_activities(settings: Settings) -> Settings:
-    """`settings` with every activity on FAST's timeout and retry."""
+    """`settings` with every activity on FAST's timeout and retry, and a workflow whose
+    worker died taken over after STICKY_S (10 s by default: most of a kill test's time)."""
     fast = ActivitiesSettings(model_call=FAST, memory=FAST, commit=FAST, archive=FAST)
-    return settings.model_copy(update={"activities": fast})
+    sticky = settings.temporal.model_copy(update={"sticky_schedule_to_start_s": STICKY_S})
+    return settings.model_copy(update={"activities": fast, "temporal": sticky})
 
 
 def address(env: WorkflowEnvironment) -> str:
@@ -81,6 +84,7 @@ def _turn_config_file(settings: Settings, manage_schedule: bool) -> Path:
         "memory": {"max_steps": settings.memory.max_steps},
         "turn": settings.turn.model_dump(mode="json"),
         "activities": settings.activities.model_dump(mode="json"),
+        "temporal": {"sticky_schedule_to_start_s": settings.temporal.sticky_schedule_to_start_s},
         # Tests share one dev server: a worker that made the hourly sweep's Schedule would
         # start rotations of its test's users at the top of the hour, racing the test's own.
         "rotation": settings.rotation.model_copy(
