@@ -358,12 +358,11 @@ class TurnSteps:
     def _refuse_if_forgotten_after_writing(self, user_id: str) -> None:
         """The erasure check of every step once the turn has written for the user (its
         message, context, a summary, replies, tool results, proposals, archived passages):
-        all but the first,
-        at the start of prepare, before anything is written. Write, then check: a forget
-        that began after this check empties what was written (it empties the stores after
-        its record opened); one that began before is seen here, and what was written is
-        deleted now, since the forget's own emptying may have passed while the step ran (a
-        summary or a model call: up to a minute; a retry after an outage)."""
+        all but the first, at the start of prepare, before anything is written. Write, then
+        check: a forget that began after this check empties what was written (it empties
+        the stores after its record opened); one that began before is seen here, and what
+        was written is deleted now, since the forget's own emptying may have passed while
+        the step ran (a summary or a model call: up to a minute; a retry after an outage)."""
         try:
             self.sources.blocks.refuse_if_forgotten(user_id)
         except (UserBeingForgotten, UserForgotten) as closed:
