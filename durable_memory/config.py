@@ -150,7 +150,7 @@ class TemporalSettings(BaseModel):
     """A client waiting for a turn's reply or a decision's answer gives up with
     `NoWorkerPolling` once no worker has polled the task queue for this long (a worker's
     long poll lasts about a minute, so keep it above 60 s)."""
-    sticky_schedule_to_start_s: float = Field(default=10, gt=0)
+    sticky_schedule_to_start_s: float = Field(default=10, ge=0.1)
     """How long a workflow task waits on the queue of the worker that ran the workflow's last
     task (its sticky queue: that worker holds the workflow in memory) before any worker may
     take it, replaying the history. So the wait of a turn whose worker died (SIGKILL, a lost

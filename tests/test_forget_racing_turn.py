@@ -21,7 +21,7 @@ import durable_memory.memory.agent.steps as steps_module
 from durable_memory.memory.archive.embedders import default_embedder
 from durable_memory.memory.archive.protocol import ArchiveStore
 from durable_memory.memory.archive.sqlite import SqliteArchive
-from durable_memory.memory.core.errors import UserBeingForgotten, UserForgotten
+from durable_memory.memory.core.errors import StoreBusy, UserBeingForgotten, UserForgotten
 from durable_memory.memory.store.erasure import USER_TABLES, ErasureLedger, erase_user_rows
 from durable_memory.models.turn import StepInput, TurnInput
 from tests.support.agent_helpers import run_turn_steps, scripted_steps, tool_use
@@ -150,3 +150,37 @@ def test_a_forget_that_begins_during_a_model_call_leaves_no_row(
         assert len(server.requests) == step  # the model was asked, its answer not kept
         assert archive.count("alice") == 0
     assert_nothing_left(engine, stage, bob)
+
+
+@pytest.mark.usefixtures("earlier_turn")
+def test_a_cleanup_that_fails_leaves_the_refusal_and_does_the_rest(
+    memory: MemoryRig,
+    engine: Engine,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The rows' deletion failing (SQLite's WAL kept by a reader: StoreBusy, a store down)
+    neither replaces the refusal, which is the answer (nothing retries a turn the forget
+    ended), nor keeps the archived passage from being deleted; it is logged, for `dmem
+    forget` run again."""
+    script: list[dict[str, Any]] = [{"content": [ARCHIVE]}, {"text": "Noted."}]
+    archive = SqliteArchive(tmp_path / "archive.db", default_embedder())
+
+    def busy(*_: Any, **__: Any) -> int:
+        raise StoreBusy("a reader kept the SQLite WAL from being emptied; the step is retried")
+
+    with closing(archive), scripted_steps(memory, engine, script, archive) as (steps, _):
+        turn = TurnInput(user_id="alice", turn_id="t1", message="I write essays")
+        _, context = steps.prepare_context(turn)
+        first = StepInput(user_id="alice", turn_id="t1", step=1)
+        steps.call_model(first, context)
+        steps.run_tools_in_context(first)
+        assert archive.count("alice") == 1
+        forget_begins(engine, "opened")()
+        monkeypatch.setattr(steps_module, "erase_user_rows", busy)
+        with pytest.raises(UserBeingForgotten):
+            steps.call_model(StepInput(user_id="alice", turn_id="t1", step=2))
+        assert archive.count("alice") == 0
+    assert "`dmem forget` run again deletes it" in caplog.text
+    assert "StoreBusy" in caplog.text

@@ -18,6 +18,7 @@ steps that rely on it.
 """
 
 import json
+import logging
 from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
 from typing import Final, Protocol
@@ -74,6 +75,8 @@ MAX_PREVIEW_CHARS = 6000
 """Of one diff's unified diff in a turn's state (its `diff` query, the UI's details):
 `dmem diffs` shows a longer one whole."""
 MAX_PREVIEW_REASONING_CHARS = 2000
+
+log = logging.getLogger(__name__)
 
 
 def _bounded_preview(unified_diff: str) -> str:
@@ -362,15 +365,30 @@ class TurnSteps:
         check: a forget that began after this check empties what was written (it empties
         the stores after its record opened); one that began before is seen here, and what
         was written is deleted now, since the forget's own emptying may have passed while
-        the step ran (a summary or a model call: up to a minute; a retry after an outage)."""
+        the step ran (a summary or a model call: up to a minute; a retry after an outage).
+        The writes right after a check (a reply stored) are microseconds behind it. What
+        cannot be deleted now (a store down) is logged: the refusal is still the answer,
+        and `dmem forget` run again deletes the rest."""
         try:
             self.sources.blocks.refuse_if_forgotten(user_id)
         except (UserBeingForgotten, UserForgotten) as closed:
-            erase_user_rows(
-                self.turns.engine, user_id, keep_listed=isinstance(closed, UserBeingForgotten)
-            )
-            if self.archive is not None:  # a passage the model's tool call inserted
-                self.archive.forget_user(user_id)
+            keep_listed = isinstance(closed, UserBeingForgotten)
+            cleanups: list[Callable[[], object]] = [
+                lambda: erase_user_rows(self.turns.engine, user_id, keep_listed=keep_listed)
+            ]
+            archive = self.archive
+            if archive is not None:  # a passage the model's tool call inserted
+                cleanups.insert(0, lambda: archive.forget_user(user_id))
+            for cleanup in cleanups:
+                try:
+                    cleanup()
+                except Exception:  # the refusal is the answer: nothing retries a forgotten turn
+                    log.warning(
+                        "user '%s': a step could not delete what its turn wrote before the "
+                        "forget; `dmem forget` run again deletes it",
+                        user_id,
+                        exc_info=True,
+                    )
             raise
 
     def run_tools(self, step: StepInput) -> ToolStepResult:
