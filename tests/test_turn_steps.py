@@ -207,8 +207,9 @@ def test_a_model_call_in_the_activity_that_read_its_context_asks_nothing_again(
     then the next model call) each hand the context they read to the model call: it neither
     reads it again nor asks again whether the user is forgotten, which the same activity
     asked moments before, once the turn's rows were written (it asks once more after the
-    model answered, before storing the reply: a forget meanwhile stores nothing). Step 1 follows no step, so it reads none of
-    the turn's step messages from recall; a later step does."""
+    model answered, before storing the reply: a forget meanwhile stores nothing). Step 1
+    follows no step, so it reads none of the turn's step messages from recall; a later step
+    does."""
     asked: Counter[str] = Counter()
     for owner, name in [
         (ErasureLedger, "refuse_if_forgotten"),
