@@ -103,6 +103,7 @@ def test_each_shape_of_a_filtered_read_is_built_once(memory: MemoryRig, engine: 
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("engine", ["postgres"], indirect=True)
 def test_a_turn_on_postgresql_wraps_no_lone_statement_in_a_transaction(
     memory: MemoryRig, engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -113,9 +114,7 @@ def test_a_turn_on_postgresql_wraps_no_lone_statement_in_a_transaction(
     autocommit (store/sql.py `reading`, `writing_once`). Seen at the driver: a statement run
     outside autocommit on an idle connection is the one that makes psycopg send BEGIN.
     Tool-using turns (a recall search, an archive search, a memory edit, then its approval)
-    and plain ones."""
-    if engine.dialect.name != "postgresql":
-        pytest.skip("SQLite's transactions are in-process: no round trip to save")
+    and plain ones. PostgreSQL only: SQLite's transactions are in-process, no round trip."""
     archive = PostgresArchive(engine.url.render_as_string(hide_password=False), default_embedder())
     tides = "The essay on tides was archived."
     archive.insert(NewPassage(user_id="alice", text=tides, source=PassageSource.AGENT))
