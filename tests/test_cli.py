@@ -22,6 +22,7 @@ from durable_memory.memory.agent.llm import AnthropicModel, ModelCallError
 from durable_memory.models.turn import TurnInput
 from durable_memory.scripted_model import ScriptedModelServer
 from tests.support.agent_helpers import run_turn_steps
+from tests.support.interruptible import popen_interruptible
 from tests.support.temporal_helpers import rig_settings, running_rig
 from tests.test_model_adapter import HELLO, SETTINGS
 
@@ -470,7 +471,7 @@ def test_scripted_model_command_answers_past_its_script_until_stopped(tmp_path: 
     'exhausted' error rather than a refused connection it would retry for minutes."""
     script = tmp_path / "script.json"
     script.write_text('[{"text": "only reply"}]', encoding="utf-8")
-    server = subprocess.Popen(
+    server = popen_interruptible(
         [sys.executable, "-m", "durable_memory.cli", "scripted-model", str(script)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -23,6 +23,7 @@ from durable_memory.models.history import Author, AuthorKind
 from durable_memory.review.app import build_app
 from durable_memory.review.server import review_link
 from tests.support.distributed import distributed_settings, git_server
+from tests.support.interruptible import popen_interruptible
 from tests.support.postgres import fresh_schema_url
 from tests.support.review import (
     REVIEW_SECRET,
@@ -175,7 +176,7 @@ def test_dmem_serve_serves_the_page_under_its_base_urls_path(
         [*dmem, "review-link", "alice"], env=env, capture_output=True, text=True, check=True
     ).stdout.strip()
     assert link.startswith(f"http://127.0.0.1:{port}/review/open?")
-    server = subprocess.Popen(
+    server = popen_interruptible(
         [*dmem, "serve", "--port", str(port)], env=env, cwd=tmp_path, stderr=subprocess.PIPE
     )
     try:
