@@ -31,7 +31,9 @@ from sqlalchemy import (
     make_url,
 )
 from sqlalchemy import select as select_columns
+from sqlalchemy.dialects.postgresql import Insert as PostgresInsert
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import Insert as SqliteInsert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlmodel import create_engine
@@ -151,9 +153,15 @@ def insert_keeping(engine: Engine, table: Table | type[Any], *keys: str) -> Inse
     return _insert_keeping(engine.dialect.name, table_of(table), keys)
 
 
+def conflict_insert(dialect: str, table: Table) -> PostgresInsert | SqliteInsert:
+    """An INSERT into `table` in the dialect's own form, which takes ON CONFLICT clauses (SQLite
+    and PostgreSQL share their syntax)."""
+    return postgresql_insert(table) if dialect == "postgresql" else sqlite_insert(table)
+
+
 @functools.cache
 def _insert_keeping(dialect: str, table: Table, keys: tuple[str, ...]) -> Insert:
-    insert = postgresql_insert(table) if dialect == "postgresql" else sqlite_insert(table)
+    insert = conflict_insert(dialect, table)
     keeping = insert.on_conflict_do_nothing(index_elements=list(keys))
     return keeping.execution_options(preserve_rowcount=True)
 

@@ -20,12 +20,11 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Insert, Select, Table, event, inspect, or_, text
 from sqlalchemy import select as select_columns
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Field, Session, SQLModel, col, func, select
 
 from durable_memory.memory.store.sql import (
     by_key,
+    conflict_insert,
     insert_keeping,
     keyed,
     reading,
@@ -269,7 +268,7 @@ _BASE_AND_LAST_REPLY = select_columns(
 def _moving(dialect: str) -> Insert:
     """`PromptBaseStore.move`'s statement for a dialect (both share the upsert's syntax)."""
     table = table_of(PromptBaseRow)
-    insert = postgresql_insert(table) if dialect == "postgresql" else sqlite_insert(table)
+    insert = conflict_insert(dialect, table)
     changed = {c: insert.excluded[c] for c in ("commit_sha", "summarized_through_message_id")}
     return insert.on_conflict_do_update(
         index_elements=["user_id"],
