@@ -7,7 +7,12 @@ the forget is under way: the forget deletes that one last). Nothing is written a
 
 Driven here by the forget's own steps run from inside the step (record opened, rows emptied,
 record completed or not), at the two places a step waits long: the compile and the model
-call."""
+call.
+
+A turn that began before a forget stays out of the user's memory even once the user was
+started afresh (a caller's `fresh_user`) while the turn's step still ran: every step compares
+the erasure ledger with what the turn's first check saw, refuses, and deletes nothing, since
+what the user has now is their new memory."""
 
 from collections.abc import Callable
 from contextlib import closing
@@ -18,14 +23,22 @@ import pytest
 from sqlalchemy import Engine, text
 
 import durable_memory.memory.agent.steps as steps_module
+from durable_memory.memory.agent.steps import TurnSteps
 from durable_memory.memory.archive.embedders import default_embedder
 from durable_memory.memory.archive.protocol import ArchiveStore
 from durable_memory.memory.archive.sqlite import SqliteArchive
 from durable_memory.memory.core.errors import StoreBusy, UserBeingForgotten, UserForgotten
 from durable_memory.memory.store.erasure import USER_TABLES, ErasureLedger, erase_user_rows
+from durable_memory.memory.store.summaries import SummaryStore
+from durable_memory.models.recall import MessageRole, NewMessage
 from durable_memory.models.turn import StepInput, TurnInput
-from tests.support.agent_helpers import run_turn_steps, scripted_steps, tool_use
-from tests.support.memory import MemoryRig
+from tests.support.agent_helpers import (
+    agent_test_profile,
+    run_turn_steps,
+    scripted_steps,
+    tool_use,
+)
+from tests.support.memory import MemoryRig, memory_rig
 
 ARCHIVE = tool_use("archival_memory_insert", content="Alice drafts her essays at night.")
 
@@ -129,7 +142,7 @@ def test_a_forget_that_begins_during_a_model_call_leaves_no_row(
         first = StepInput(user_id="alice", turn_id="t1", step=1)
         if step == 2:
             steps.call_model(first, context)
-            _, stored = steps.run_tools_in_context(first)
+            stored = steps.run_tools_in_context(first).context
             assert stored is not None
             context = stored
             assert archive.count("alice") == 1
@@ -184,3 +197,154 @@ def test_a_cleanup_that_fails_leaves_the_refusal_and_does_the_rest(
         assert archive.count("alice") == 0
     assert "`dmem forget` run again deletes it" in caplog.text
     assert "StoreBusy" in caplog.text
+
+
+def forgotten_and_started_afresh(
+    steps: TurnSteps, engine: Engine, archive: ArchiveStore | None, afresh: dict[str, Any]
+) -> Callable[[], None]:
+    """The whole forget of alice, then a new turn of hers that starts her afresh, with the
+    turn id her old turn had (a caller numbering turns again for a user begun anew): her new
+    memory's rows go into `afresh`."""
+
+    def forget_then_start_afresh() -> None:
+        forget_begins(engine, "completed", archive)()
+        fresh = TurnInput(user_id="alice", turn_id="t1", message="I am new", fresh_user=True)
+        steps.prepare_context(fresh)
+        afresh.update(rows_of(engine, "alice"))
+
+    return forget_then_start_afresh
+
+
+def assert_only_the_new_memory(
+    memory: MemoryRig, engine: Engine, afresh: dict[str, Any], bob_before: dict[str, int]
+) -> None:
+    assert afresh
+    assert rows_of(engine, "alice") == afresh
+    recalled = memory.recall.turn("alice", "t1", 0)
+    assert [m.content for m in recalled] == ["I am new"]
+    assert rows_of(engine, "bob") == bob_before
+
+
+@pytest.mark.usefixtures("earlier_turn")
+@pytest.mark.parametrize("step", [1, 2])
+def test_a_turn_begun_before_a_forget_writes_nothing_once_the_user_is_started_afresh(
+    memory: MemoryRig, engine: Engine, step: int, tmp_path: Path
+) -> None:
+    """Alice's turn waits on the model while she is forgotten and a new turn of hers starts
+    her afresh. The late reply is refused: not stored into her new memory, and her new
+    memory not emptied by the old turn's cleanup (which a forget under way would have)."""
+    bob = rows_of(engine, "bob")
+    script: list[dict[str, Any]] = [{"content": [ARCHIVE]}, {"text": "Noted."}]
+    archive = SqliteArchive(tmp_path / "archive.db", default_embedder())
+    afresh: dict[str, Any] = {}
+    with closing(archive), scripted_steps(memory, engine, script, archive) as (steps, server):
+        turn = TurnInput(user_id="alice", turn_id="t1", message="I write essays")
+        prepared, context = steps.prepare_context(turn)
+        assert prepared.erasures_seen == 0
+        where = StepInput(user_id="alice", turn_id="t1", step=1, erasures_seen=0)
+        if step == 2:
+            steps.call_model(where, context)
+            tools = steps.run_tools_in_context(where)
+            assert tools.context is not None
+            assert tools.erasures_seen == 0
+            context = tools.context
+            where = StepInput(user_id="alice", turn_id="t1", step=2, erasures_seen=0)
+        calling = steps.model.create
+        started_afresh = forgotten_and_started_afresh(steps, engine, archive, afresh)
+
+        def answering_after_a_fresh_start(*args: Any, **kwargs: Any) -> Any:
+            reply = calling(*args, **kwargs)
+            started_afresh()
+            return reply
+
+        steps.model = type(
+            "StartedAfreshDuringTheCall",
+            (),
+            {"create": staticmethod(answering_after_a_fresh_start)},
+        )()
+        with pytest.raises(UserForgotten, match="started afresh since") as refused:
+            steps.call_model(where, context)
+        assert refused.value.started_afresh
+        assert len(server.requests) == step
+        assert archive.count("alice") == 0  # the forget took the passage; none came back
+        # The same step run again (a retry) is refused the same way, and writes nothing.
+        with pytest.raises(UserForgotten, match="started afresh since"):
+            steps.call_model(where)
+        with pytest.raises(UserForgotten, match="started afresh since"):
+            steps.run_tools(where)
+    assert_only_the_new_memory(memory, engine, afresh, bob)
+
+
+def test_a_summary_made_before_a_forget_is_not_stored_once_the_user_is_started_afresh(
+    engine: Engine, data_dir: Path
+) -> None:
+    """The context overflows, so prepare asks the model for a summary (up to a minute);
+    meanwhile alice is forgotten and started afresh. The summary of her old conversation
+    is not stored into her new memory, nor the old turn's context or prompt base."""
+    memory = memory_rig(engine, data_dir, agent_test_profile(context_window=4000))
+    words = "words " * 120  # 16 of them overflow 0.9 of the 4,000-token window
+    for user in ("alice", "bob"):
+        memory.blocks.ensure_user(user)
+        for i in range(16):
+            memory.recall.append(
+                user, f"old{i}", [NewMessage(role=MessageRole.USER, content=words)]
+            )
+    bob = rows_of(engine, "bob")
+    afresh: dict[str, Any] = {}
+    script: list[dict[str, Any]] = [{"text": "Alice wrote many words."}]
+    with scripted_steps(memory, engine, script) as (steps, server):
+        calling = steps.model.create
+        started_afresh = forgotten_and_started_afresh(steps, engine, None, afresh)
+
+        def summarising_across_a_fresh_start(*args: Any, **kwargs: Any) -> Any:
+            reply = calling(*args, **kwargs)
+            started_afresh()
+            return reply
+
+        steps.model = type(
+            "StartedAfreshDuringTheSummary",
+            (),
+            {"create": staticmethod(summarising_across_a_fresh_start)},
+        )()
+        turn = TurnInput(user_id="alice", turn_id="t1", message="one more")
+        with pytest.raises(UserForgotten, match="started afresh since"):
+            steps.prepare_context(turn)
+        assert len(server.requests) == 1  # the summary call
+    assert SummaryStore(engine).latest("alice") is None
+    assert_only_the_new_memory(memory, engine, afresh, bob)
+
+
+def test_the_ledger_refuses_a_turn_begun_before_a_forget_even_after_a_fresh_start(
+    engine: Engine,
+) -> None:
+    """`since` is the newest record the turn's first check saw: a forget begun after it
+    refuses the turn, open, completed or completed and started afresh; the user's own new
+    turns (which saw the newest record) pass, and so does a step without `since` (from a
+    history before turns carried it) once the user was started afresh."""
+    ledger = ErasureLedger(engine)
+    assert ledger.refuse_if_forgotten("alice") == 0
+    assert ledger.refuse_if_forgotten("alice", 0) == 0
+    ledger.begin("alice", "dpo@school", "asked")
+    with pytest.raises(UserBeingForgotten):
+        ledger.refuse_if_forgotten("alice", 0)
+    ledger.complete("alice")
+    with pytest.raises(UserForgotten) as forgotten:
+        ledger.refuse_if_forgotten("alice", 0)
+    assert not forgotten.value.started_afresh
+    ledger.readmit("alice")
+    with pytest.raises(UserForgotten) as refused:
+        ledger.refuse_if_forgotten("alice", 0)
+    assert refused.value.started_afresh
+    seen = ledger.refuse_if_forgotten("alice")
+    assert seen > 0
+    assert ledger.refuse_if_forgotten("alice", seen) == seen
+    # Another user's forget is not alice's: her turn begun before it goes on.
+    ledger.begin("bob", "dpo@school", "asked")
+    ledger.complete("bob")
+    assert ledger.refuse_if_forgotten("alice", seen) == seen
+    # Forgotten again: her turn begun in the second memory is refused in the third.
+    ledger.begin("alice", "dpo@school", "asked again")
+    ledger.complete("alice")
+    ledger.readmit("alice")
+    with pytest.raises(UserForgotten, match="started afresh since"):
+        ledger.refuse_if_forgotten("alice", seen)

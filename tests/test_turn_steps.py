@@ -232,7 +232,7 @@ def test_a_model_call_in_the_activity_that_read_its_context_asks_nothing_again(
         assert steps.call_model(first, context).tool_calls == 1
         assert asked == {"refuse_if_forgotten": 3}  # the third: after the model answered
         asked.clear()
-        _, stored = steps.run_tools_in_context(first)
+        stored = steps.run_tools_in_context(first).context
         assert stored == context
         assert asked == {"refuse_if_forgotten": 1, "stored_context": 1}
         second = StepInput(user_id="alice", turn_id="t1", step=2)

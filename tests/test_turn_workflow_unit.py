@@ -70,6 +70,10 @@ class StandInActivities:
     """The steps whose tools ran to the end (their diff is in the store)."""
     lookup_fails: bool = False
     """Reading what a step's tools stored fails (retryably, as a database down would)."""
+    erasures_seen: int | None = None
+    """What prepare found in the erasure ledger (the `since` of the turn's later checks)."""
+    seen_by: list[tuple[str, int | None]] = field(default_factory=list)
+    """The `erasures_seen` each step's input carried, by activity."""
 
     @activity.defn(name="dmem.turn_settings")
     async def turn_settings(self) -> WorkerTurnSettings:
@@ -78,18 +82,26 @@ class StandInActivities:
     @activity.defn(name="dmem.prepare_turn")
     async def prepare_turn(self, turn: TurnInput) -> PreparedTurn:
         self.calls.append(("prepare_turn", turn.message))
-        return PreparedTurn(total_tokens=100, share_used=0.1)
+        return PreparedTurn(total_tokens=100, share_used=0.1, erasures_seen=self.erasures_seen)
 
     @activity.defn(name="dmem.start_turn")
     async def start_turn(self, turn: TurnInput) -> StartedTurn:
         """Prepare and the first model call, as the real one does."""
         prepared = await self.prepare_turn(turn)
-        first = await self.call_model(StepInput(user_id=turn.user_id, turn_id=turn.turn_id, step=1))
+        first = await self.call_model(
+            StepInput(
+                user_id=turn.user_id,
+                turn_id=turn.turn_id,
+                step=1,
+                erasures_seen=prepared.erasures_seen,
+            )
+        )
         return StartedTurn(settings=self.settings, prepared=prepared, first=first)
 
     @activity.defn(name="dmem.call_model")
     async def call_model(self, step: StepInput) -> ModelStepResult:
         self.calls.append(("call_model", step.step))
+        self.seen_by.append(("call_model", step.erasures_seen))
         if step.step == self.failing_step:
             raise ApplicationError("the model is gone", type="ModelCallError", non_retryable=True)
         tool_calls = self.model_steps[step.step - 1]
@@ -98,6 +110,7 @@ class StandInActivities:
     @activity.defn(name="dmem.run_tools")
     async def run_tools(self, step: StepInput) -> ToolStepResult:
         self.calls.append(("run_tools", step.step))
+        self.seen_by.append(("run_tools", step.erasures_seen))
         if step.step == self.failing_tools:
             raise ApplicationError("the store is gone", type="UnsafeFile", non_retryable=True)
         # Idempotent, as the real one: a step's tools propose the same diff when run again.
@@ -117,12 +130,13 @@ class StandInActivities:
     async def tools_then_model(self, step: StepInput) -> ToolsThenModel:
         """A step's tools and the next model call, as the real one does."""
         tools = await self.run_tools(step)
-        following = StepInput(user_id=step.user_id, turn_id=step.turn_id, step=step.step + 1)
+        following = step.model_copy(update={"step": step.step + 1})
         return ToolsThenModel(tools=tools, next=await self.call_model(following))
 
     @activity.defn(name="dmem.finish_turn")
     async def finish_turn(self, finish: FinishInput) -> FinishedTurn:
         self.calls.append(("finish_turn", (finish.diff_ids, finish.stopped_at_step_limit)))
+        self.seen_by.append(("finish_turn", finish.erasures_seen))
         diffs = [
             ProposedDiff(id=d, label="student", summary="s", status=DiffStatus.PENDING)
             for d in finish.diff_ids
@@ -231,6 +245,29 @@ async def test_a_turn_runs_its_steps_in_order_then_waits_for_decisions(
     assert local_activity_types(events) == ["dmem.finish_turn"]
     assert outcome.status is TurnStatus.DONE
     assert [d.status for d in outcome.decisions] == [DiffStatus.REJECTED] * 2
+
+
+@pytest.mark.parametrize("seen", [0, 7])
+async def test_every_step_carries_what_the_turns_first_erasure_check_saw(
+    time_skipping_env: WorkflowEnvironment, seen: int
+) -> None:
+    """The newest erasure record prepare saw reaches every later step's input, so a step
+    that runs after a forget and a fresh start of the user refuses the turn instead of
+    writing into the user's new memory (store/erasure.py `since`)."""
+    stand_ins = StandInActivities(model_steps=[1, 1, 0], erasures_seen=seen)
+    async with started_turn(time_skipping_env, stand_ins) as handle:
+        await handle.execute_update("reply", result_type=TurnReply)
+        for n in (1, 2):
+            await handle.signal("reject", _decision(n, "reject"))
+        await handle.result()
+    assert stand_ins.seen_by == [
+        ("call_model", seen),
+        ("run_tools", seen),
+        ("call_model", seen),
+        ("run_tools", seen),
+        ("call_model", seen),
+        ("finish_turn", seen),
+    ]
 
 
 async def test_decisions_apply_one_at_a_time_in_arrival_order(

@@ -95,7 +95,13 @@ class TurnActivities:
             prepared, context = self._admitted_prepare(turn)
             crash_point(MID_START)
             first = self.steps.call_model(
-                StepInput(user_id=turn.user_id, turn_id=turn.turn_id, step=1), context
+                StepInput(
+                    user_id=turn.user_id,
+                    turn_id=turn.turn_id,
+                    step=1,
+                    erasures_seen=prepared.erasures_seen,
+                ),
+                context,
             )
             return StartedTurn(settings=self.settings, prepared=prepared, first=first)
 
@@ -125,10 +131,14 @@ class TurnActivities:
         diffs and results the tools stored and the reply the model gave (docs/temporal.md,
         "Tools and the next model call")."""
         with classified_errors(), self.stack.git.pinned():
-            tools, context = self.steps.run_tools_in_context(step)
+            tools = self.steps.run_tools_in_context(step)
             crash_point(MID_TOOLS_THEN_MODEL)
-            following = StepInput(user_id=step.user_id, turn_id=step.turn_id, step=step.step + 1)
-            return ToolsThenModel(tools=tools, next=self.steps.call_model(following, context))
+            following = step.model_copy(
+                update={"step": step.step + 1, "erasures_seen": tools.erasures_seen}
+            )
+            return ToolsThenModel(
+                tools=tools.result, next=self.steps.call_model(following, tools.context)
+            )
 
     @activity.defn(name="dmem.finish_turn")
     def finish_turn(self, finish: FinishInput) -> FinishedTurn:

@@ -194,6 +194,11 @@ class PreparedTurn(BaseModel):
     profile: str | None = None
     """The agent profile the turn runs with (the DmemProfile search attribute); None in a
     result recorded before turns reported it."""
+    erasures_seen: int | None = None
+    """The newest erasure record of the user when the turn was admitted (its first check):
+    a later step is refused if a forget began after it, even once the user was started
+    afresh (store/erasure.py). None in a result or input recorded before turns carried it:
+    each step then compares from its own first check."""
 
 
 class StartedTurn(BaseModel):
@@ -214,6 +219,11 @@ class StepInput(BaseModel):
     user_id: str
     turn_id: str
     step: int = Field(ge=1)
+    erasures_seen: int | None = None
+    """The newest erasure record of the user when the turn was admitted (its first check):
+    a later step is refused if a forget began after it, even once the user was started
+    afresh (store/erasure.py). None in a result or input recorded before turns carried it:
+    each step then compares from its own first check."""
 
 
 class ModelStepResult(BaseModel):
@@ -283,6 +293,11 @@ class FinishInput(BaseModel):
     diff_ids: list[str]
     stopped_at_step_limit: bool
     max_steps: int
+    erasures_seen: int | None = None
+    """The newest erasure record of the user when the turn was admitted (its first check):
+    a later step is refused if a forget began after it, even once the user was started
+    afresh (store/erasure.py). None in a result or input recorded before turns carried it:
+    each step then compares from its own first check."""
 
 
 class FinishedTurn(BaseModel):

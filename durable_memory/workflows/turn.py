@@ -203,6 +203,9 @@ class TurnWorkflow:
         self._reply: TurnReply | None = None
         self._status = TurnStatus.REPLYING
         self._proposed: list[str] = []
+        self._erasures_seen: int | None = None
+        """The user's newest erasure record when the turn was admitted: every later step
+        refuses the turn if a forget began after it (store/erasure.py)."""
         self._open: dict[str, ProposedDiff] = {}
         self._outcomes: dict[str, DecisionOutcome] = {}
         self._decisions: DecisionQueue[DecisionAnswer] = DecisionQueue()
@@ -259,6 +262,7 @@ class TurnWorkflow:
             prepared = await self._memory_step(
                 TurnActivities.prepare_turn, turn, "record the message, compile context"
             )
+        self._erasures_seen = prepared.erasures_seen
         if prepared.profile is not None:
             self._upsert_for_operators(PROFILE.value_set(prepared.profile))
         text, stopped = await self._steps(turn, first)
@@ -342,6 +346,7 @@ class TurnWorkflow:
                 diff_ids=self._proposed,
                 stopped_at_step_limit=stopped,
                 max_steps=self._settings.max_steps,
+                erasures_seen=self._erasures_seen,
             ),
             "describe the proposed diffs",
         )
@@ -468,9 +473,13 @@ class TurnWorkflow:
             return
         await self._took(turn, tools)
 
-    @staticmethod
-    def _where(turn: TurnInput, step: int) -> StepInput:
-        return StepInput(user_id=turn.user_id, turn_id=turn.turn_id, step=step)
+    def _where(self, turn: TurnInput, step: int) -> StepInput:
+        return StepInput(
+            user_id=turn.user_id,
+            turn_id=turn.turn_id,
+            step=step,
+            erasures_seen=self._erasures_seen,
+        )
 
     async def _model_call(self, where: StepInput) -> ModelStepResult:
         return await workflow.execute_activity_method(

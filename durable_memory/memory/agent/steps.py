@@ -21,7 +21,7 @@ import json
 import logging
 from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
-from typing import Final, Protocol
+from typing import Final, NamedTuple, Protocol
 
 from durable_memory.faults import AFTER_MODEL_CALL, crash_point
 from durable_memory.memory.agent.context import (
@@ -253,6 +253,16 @@ def turn_context(
     )
 
 
+class ToolsRun(NamedTuple):
+    """What `TurnSteps.run_tools_in_context` returns."""
+
+    result: ToolStepResult
+    context: CompiledContext | None
+    """The turn's stored context (None once the turn's agent loop is over)."""
+    erasures_seen: int
+    """The `since` of the next step's erasure checks."""
+
+
 class TurnSteps:
     """Every step of a turn, each idempotent (see the module doc)."""
 
@@ -282,9 +292,8 @@ class TurnSteps:
         """`prepare`, and the context it stored (the first compiled for the turn): for the
         first model call in the same activity, which need not read it back."""
         sources = self.sources
-        profile = sources.blocks.ensure_user_profile(
-            turn.user_id, turn.profile, fresh=bool(turn.fresh_user)
-        )
+        admission = sources.blocks.admit(turn.user_id, turn.profile, fresh=bool(turn.fresh_user))
+        profile, seen = admission.profile, admission.erasures_seen
         # An approval recorded but not committed when a process died is finished first,
         # so no diff stays approved without its commit once the user is back.
         sources.review.finish_approvals(turn.user_id)
@@ -298,7 +307,9 @@ class TurnSteps:
             sources,
             self.archive,
             turn.user_id,
-            summarizer=model_summarizer(self.model, profile.model),
+            summarizer=self._checked(
+                model_summarizer(self.model, profile.model), turn.user_id, seen
+            ),
             base=warm_base(self.bases, turn.user_id, profile.model, self.clock()),
             profile=profile,
         )
@@ -306,13 +317,25 @@ class TurnSteps:
         # After the context is stored: a retry of a step that died in between finds the
         # stored context and moves the base to what it was compiled from.
         keep_base(self.bases, turn.user_id, context)
-        self._refuse_if_forgotten_after_writing(turn.user_id)
+        self._refuse_if_forgotten_after_writing(turn.user_id, seen)
         prepared = PreparedTurn(
             total_tokens=context.overview.total_tokens,
             share_used=context.overview.share_used,
             profile=profile.name,
+            erasures_seen=seen,
         )
         return prepared, context
+
+    def _checked(self, summarize: Summarizer, user_id: str, since: int) -> Summarizer:
+        """`summarize`, then the erasure check: its summary is stored right after, and the
+        model call before it may take a minute, a forget's whole run."""
+
+        def checked(messages: Sequence[RecallMessage], previous: str | None) -> str:
+            text = summarize(messages, previous)
+            self._refuse_if_forgotten_after_writing(user_id, since)
+            return text
+
+        return checked
 
     def call_model(
         self, step: StepInput, context: CompiledContext | None = None
@@ -324,8 +347,9 @@ class TurnSteps:
         moments before: not asked again before the call), else it is read from the store."""
         reply = self.turns.reply(step.user_id, step.turn_id, step.step)
         if reply is None:
+            seen = step.erasures_seen
             if context is None:
-                self._refuse_if_forgotten_after_writing(step.user_id)
+                seen = self._refuse_if_forgotten_after_writing(step.user_id, seen)
                 context = self.turns.context(step.user_id, step.turn_id)
             # Step 1's model call follows no step of its turn: no reply stored (so none
             # recorded, which follows the store), no tool results.
@@ -340,7 +364,7 @@ class TurnSteps:
             request = model_request(context, continuation, ttl)
             reply = self.model.create(settings, request.system, request.messages, request.tools)
             check_tool_calls(reply, {m.tool_call_id for m in earlier if m.tool_call_id})
-            self._refuse_if_forgotten_after_writing(step.user_id)
+            self._refuse_if_forgotten_after_writing(step.user_id, seen)
             reply = self.turns.save_reply(step.user_id, step.turn_id, step.step, reply)
             crash_point(AFTER_MODEL_CALL)
         self.sources.recall.record(
@@ -358,7 +382,7 @@ class TurnSteps:
             usage=reply.usage,
         )
 
-    def _refuse_if_forgotten_after_writing(self, user_id: str) -> None:
+    def _refuse_if_forgotten_after_writing(self, user_id: str, since: int | None) -> int:
         """The erasure check of every step once the turn has written for the user (its
         message, context, a summary, replies, tool results, proposals, archived passages):
         all but the first, at the start of prepare, before anything is written. Write, then
@@ -368,28 +392,45 @@ class TurnSteps:
         the step ran (a summary or a model call: up to a minute; a retry after an outage).
         The writes right after a check (a reply stored) are microseconds behind it. What
         cannot be deleted now (a store down) is logged: the refusal is still the answer,
-        and `dmem forget` run again deletes the rest."""
+        and `dmem forget` run again deletes the rest.
+
+        `since`: what the turn's first check returned (None: this step's own first check
+        sets it, for a turn recorded before turns carried it). A forget begun after it
+        refuses the turn even once the user was started afresh; then nothing is deleted,
+        since what the user has now is their new memory: the checks before each write that
+        follows a long call (the summary, a model call) kept the turn out of it. Returns
+        what the step's later checks pass as `since`."""
         try:
-            self.sources.blocks.refuse_if_forgotten(user_id)
-        except (UserBeingForgotten, UserForgotten) as closed:
-            keep_listed = isinstance(closed, UserBeingForgotten)
-            cleanups: list[Callable[[], object]] = [
-                lambda: erase_user_rows(self.turns.engine, user_id, keep_listed=keep_listed)
-            ]
-            archive = self.archive
-            if archive is not None:  # a passage the model's tool call inserted
-                cleanups.insert(0, lambda: archive.forget_user(user_id))
-            for cleanup in cleanups:
-                try:
-                    cleanup()
-                except Exception:  # the refusal is the answer: nothing retries a forgotten turn
-                    log.warning(
-                        "user '%s': a step could not delete what its turn wrote before the "
-                        "forget; `dmem forget` run again deletes it",
-                        user_id,
-                        exc_info=True,
-                    )
+            return self.sources.blocks.refuse_if_forgotten(user_id, since)
+        except UserForgotten as closed:
+            if closed.started_afresh:
+                raise
+            self._delete_what_the_turn_wrote(user_id, keep_listed=False)
             raise
+        except UserBeingForgotten:
+            self._delete_what_the_turn_wrote(user_id, keep_listed=True)
+            raise
+
+    def _delete_what_the_turn_wrote(self, user_id: str, *, keep_listed: bool) -> None:
+        """Delete the user's passages, then their rows (the forget's own deletions, made
+        again), logging what fails: the refusal that follows is the step's answer, and
+        nothing retries a forgotten turn."""
+        cleanups: list[Callable[[], object]] = [
+            lambda: erase_user_rows(self.turns.engine, user_id, keep_listed=keep_listed)
+        ]
+        archive = self.archive
+        if archive is not None:  # a passage the model's tool call inserted
+            cleanups.insert(0, lambda: archive.forget_user(user_id))
+        for cleanup in cleanups:
+            try:
+                cleanup()
+            except Exception:
+                log.warning(
+                    "user '%s': a step could not delete what its turn wrote before the "
+                    "forget; `dmem forget` run again deletes it",
+                    user_id,
+                    exc_info=True,
+                )
 
     def run_tools(self, step: StepInput) -> ToolStepResult:
         """Execute the tool calls of a step's reply; edits become pending diffs. The answer is
@@ -398,18 +439,17 @@ class TurnSteps:
         once, a person may approve one before the step is retried), a tool's answer may
         differ from its first (the command now changes nothing), yet its diff is the
         step's."""
-        return self.run_tools_in_context(step)[0]
+        return self.run_tools_in_context(step).result
 
-    def run_tools_in_context(
-        self, step: StepInput
-    ) -> tuple[ToolStepResult, CompiledContext | None]:
+    def run_tools_in_context(self, step: StepInput) -> ToolsRun:
         """`run_tools`, and the turn's stored context it read (for the next model call in the
         same activity, which need not read it again; None once the turn's agent loop is
-        over). A call is answered only by a tool that context offered the model: a profile
-        changed meanwhile (its tools, or the deploy's) applies from the next turn, as its
-        model settings do, and no step reads the profile again. A context already dropped
-        (this step run again after the turn's last model call) leaves the profile's tools."""
-        self._refuse_if_forgotten_after_writing(step.user_id)
+        over), and what the next step's erasure checks pass as `since`. A call is answered
+        only by a tool that context offered the model: a profile changed meanwhile (its
+        tools, or the deploy's) applies from the next turn, as its model settings do, and no
+        step reads the profile again. A context already dropped (this step run again after
+        the turn's last model call) leaves the profile's tools."""
+        seen = self._refuse_if_forgotten_after_writing(step.user_id, step.erasures_seen)
         reply = self._reply_of(step)
         context = self.turns.stored_context(step.user_id, step.turn_id)
         offered = None if context is None else offered_in(context.tools)
@@ -429,7 +469,7 @@ class TurnSteps:
             result_messages(results),
             first_seq=TurnPositions.results_seq(step.step),
         )
-        return self._diffs_of(step, reply), context
+        return ToolsRun(self._diffs_of(step, reply), context, seen)
 
     def step_diffs(self, step: StepInput) -> ToolStepResult:
         """What a step's tool calls proposed, as the store holds it (each call's diff found by
@@ -456,7 +496,7 @@ class TurnSteps:
     def finish(self, finish: FinishInput) -> FinishedTurn:
         """Note a step-limit stop in recall; describe the proposed diffs for the reply and UI."""
         sources = self.sources
-        self._refuse_if_forgotten_after_writing(finish.user_id)
+        self._refuse_if_forgotten_after_writing(finish.user_id, finish.erasures_seen)
         if finish.stopped_at_step_limit:
             note = NewMessage(role=MessageRole.ASSISTANT, content=step_limit_note(finish.max_steps))
             sources.recall.record(

@@ -142,7 +142,14 @@ class UserBeingForgotten(DurableMemoryError):
 class UserForgotten(DurableMemoryError):
     """The user was forgotten: nothing is written for them again (a late step of a turn
     begun before the forget, a retried request) unless a caller starts them afresh on
-    purpose (`send_message(..., fresh_user=True)`, `dmem chat --fresh-user`)."""
+    purpose (`send_message(..., fresh_user=True)`, `dmem chat --fresh-user`).
+
+    `started_afresh`: the user was started afresh since the turn that asks began, so they
+    have a new memory, which that turn must neither write into nor empty."""
+
+    def __init__(self, message: str, *, started_afresh: bool = False) -> None:
+        super().__init__(message)
+        self.started_afresh = started_afresh
 
 
 class UserBeingRedacted(DurableMemoryError):

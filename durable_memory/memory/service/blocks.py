@@ -18,6 +18,17 @@ from durable_memory.models.history import SYSTEM_AUTHOR, CommitInfo
 
 
 @dataclass(frozen=True)
+class Admission:
+    """A user admitted to a turn (`Blocks.admit`)."""
+
+    head: str
+    profile: AgentProfile
+    erasures_seen: int
+    """The newest erasure record's id when the turn was admitted (0: none): the `since` of
+    the turn's later erasure checks."""
+
+
+@dataclass(frozen=True)
 class BlocksRead:
     """Every block at HEAD, at a base commit (None: no base, or not in HEAD's history), and
     HEAD's commit (None before the first), read in one state of the repository."""
@@ -88,25 +99,24 @@ class Blocks:
         A forgotten user is not made again (UserForgotten) unless `fresh`: a caller starting
         them afresh on purpose; nothing is made while their forget is under way.
         """
-        return self._ensure(user_id, profile, fresh)[0]
+        return self._ensure(user_id, profile, fresh).head
 
-    def ensure_user_profile(
-        self, user_id: str, profile: str | None = None, *, fresh: bool = False
-    ) -> AgentProfile:
-        """`ensure_user`, returning the profile the user has, read in the same transaction (a
-        turn's first step needs both: one lock and repair check instead of two)."""
-        return self._ensure(user_id, profile, fresh)[1]
+    def admit(self, user_id: str, profile: str | None = None, *, fresh: bool = False) -> Admission:
+        """`ensure_user` for a turn's first step: the profile the user has, read in the same
+        transaction (one lock and repair check instead of two), and what the turn's later
+        erasure checks pass as `since` (`refuse_if_forgotten`)."""
+        return self._ensure(user_id, profile, fresh)
 
-    def _ensure(self, user_id: str, profile: str | None, fresh: bool) -> tuple[str, AgentProfile]:
+    def _ensure(self, user_id: str, profile: str | None, fresh: bool) -> Admission:
         validate_user_id(user_id)
         if profile is not None:
             self._access.profiles.get(profile)  # an unknown name is refused before anything
         if fresh:
             self._access.users.readmit(user_id)
-        self._access.users.refuse_if_forgotten(user_id)
+        erasures_seen = self._access.users.refuse_if_forgotten(user_id)
         head, chosen = self._ensure_repository(user_id, profile)
         self._access.users.register([user_id])  # after the repository exists
-        return head, chosen
+        return Admission(head, chosen, erasures_seen)
 
     @compare_and_set
     def _ensure_repository(self, user_id: str, profile: str | None) -> tuple[str, AgentProfile]:
@@ -143,9 +153,11 @@ class Blocks:
         spec = self.spec(user_id, label)
         return Block(label, spec, self._access.read_at(user_id, label, sha), sha)
 
-    def refuse_if_forgotten(self, user_id: str) -> None:
-        """UserBeingForgotten / UserForgotten: for a step about to write for the user."""
-        self._access.users.refuse_if_forgotten(user_id)
+    def refuse_if_forgotten(self, user_id: str, since: int | None = None) -> int:
+        """UserBeingForgotten / UserForgotten: for a step about to write for the user. `since`:
+        what the turn's first check returned (a forget begun after it refuses the turn even
+        once the user was started afresh); returns what to pass as `since`."""
+        return self._access.users.refuse_if_forgotten(user_id, since)
 
     def read_blocks_and_base(self, user_id: str, base: str | None) -> BlocksRead:
         """Every block at HEAD, and at commit `base` if that is in HEAD's history (None if it

@@ -72,6 +72,7 @@ class ErasureRow(SQLModel, table=True):
 _ERASURE = table_of(ErasureRow)
 _ERASURES_OF = (
     select_columns(
+        _ERASURE.c.id,
         _ERASURE.c.requested_by,
         _ERASURE.c.started_at,
         _ERASURE.c.completed_at,
@@ -181,16 +182,30 @@ class ErasureLedger:
         if row is not None:
             raise _being_forgotten(user_id, row)
 
-    def refuse_if_forgotten(self, user_id: str) -> None:
+    def refuse_if_forgotten(self, user_id: str, since: int | None = None) -> int:
         """UserBeingForgotten while the user's erasure is under way; UserForgotten once it
         completed, until a caller starts the user afresh (`readmit`). So a step of a turn
         begun before the forget, or a request retried after it, writes nothing again. One
-        query: every step of a turn asks."""
+        query: every step of a turn asks.
+
+        Returns what the turn's later steps pass as `since`: the newest record's id (0: none).
+        Given `since` (what the turn's first check returned), a record begun after it refuses
+        even once the user was started afresh (UserForgotten, `started_afresh`): the turn
+        began in the memory that forget erased, and the user's new memory is not its."""
         with reading(self.engine) as connection:  # plain rows: ORM objects cost 2-3x more
             rows = connection.execute(_ERASURES_OF, {"user_hash": user_hash(user_id)}).all()
+        newest = max((row.id for row in rows), default=0)
         closing = _closing(rows)
+        if closing is None and since is not None and newest > since:
+            forget = next(row for row in rows if row.id == newest)
+            raise UserForgotten(
+                f"user '{user_id}' was forgotten after this turn began (on "
+                f"{utc(forget.started_at).date().isoformat()}) and started afresh since: "
+                "nothing of the turn is written into their new memory",
+                started_afresh=True,
+            )
         if closing is None:
-            return
+            return newest
         if closing.completed_at is None:
             raise _being_forgotten(user_id, closing)
         raise UserForgotten(

@@ -76,10 +76,11 @@ class UserDirectory:
                 with writing_once(self.engine) as conn:
                     conn.execute(insert_keeping(self.engine, UserRow, "user_id"), rows)
 
-    def refuse_if_forgotten(self, user_id: str) -> None:
+    def refuse_if_forgotten(self, user_id: str, since: int | None = None) -> int:
         """UserBeingForgotten while the user's erasure is under way, UserForgotten after it
-        until a caller starts them afresh (store/erasure.py)."""
-        ErasureLedger(self.engine).refuse_if_forgotten(user_id)
+        until a caller starts them afresh, or for a turn begun before it (`since`); what the
+        turn's later checks pass as `since` (store/erasure.py)."""
+        return ErasureLedger(self.engine).refuse_if_forgotten(user_id, since)
 
     def readmit(self, user_id: str) -> None:
         """A caller starts a forgotten user afresh (nothing of before comes back)."""
