@@ -34,6 +34,7 @@ from durable_memory.models.recall import MessageRole, NewMessage
 from durable_memory.models.turn import StepInput, TurnInput
 from tests.support.agent_helpers import (
     agent_test_profile,
+    edit_block,
     run_turn_steps,
     scripted_steps,
     tool_use,
@@ -348,3 +349,126 @@ def test_the_ledger_refuses_a_turn_begun_before_a_forget_even_after_a_fresh_star
     ledger.readmit("alice")
     with pytest.raises(UserForgotten, match="started afresh since"):
         ledger.refuse_if_forgotten("alice", seen)
+
+
+@pytest.mark.usefixtures("earlier_turn")
+def test_a_cleanup_spares_a_new_memory_begun_while_it_ran(
+    memory: MemoryRig, engine: Engine, tmp_path: Path
+) -> None:
+    """The late step of alice's old turn finds her forgotten (not yet started afresh) and
+    deletes what its turn wrote: while it empties the archive, a new turn of hers starts her
+    afresh. The rows' deletion asks the ledger again in its own transaction, so her new
+    memory stays whole; and a cleanup that begins after the fresh start empties nothing."""
+    bob = rows_of(engine, "bob")
+    archive = SqliteArchive(tmp_path / "archive.db", default_embedder())
+    script: list[dict[str, Any]] = [{"text": "late"}]
+    afresh: dict[str, Any] = {}
+    with closing(archive), scripted_steps(memory, engine, script, archive) as (steps, _):
+        turn = TurnInput(user_id="alice", turn_id="t1", message="I write essays")
+        prepared, context = steps.prepare_context(turn)
+        calling = steps.model.create
+
+        forget_user = archive.forget_user
+
+        def started_afresh_meanwhile(user_id: str) -> int:
+            deleted = forget_user(user_id)
+            fresh = TurnInput(user_id="alice", turn_id="t1", message="I am new", fresh_user=True)
+            steps.prepare_context(fresh)
+            afresh.update(rows_of(engine, "alice"))
+            return deleted
+
+        def forgotten_during_the_call(*args: Any, **kwargs: Any) -> Any:
+            reply = calling(*args, **kwargs)
+            forget_begins(engine, "completed", archive)()
+            # The old step's cleanup empties the archive: alice is started afresh meanwhile.
+            archive.forget_user = started_afresh_meanwhile  # type: ignore[method-assign]
+            return reply
+
+        steps.model = type("Late", (), {"create": staticmethod(forgotten_during_the_call)})()
+        where = StepInput(user_id="alice", turn_id="t1", step=1, erasures_seen=0)
+        with pytest.raises(UserForgotten) as refused:
+            steps.call_model(where, context)
+        assert not refused.value.started_afresh  # decided before the fresh start
+        assert prepared.erasures_seen == 0
+    assert_only_the_new_memory(memory, engine, afresh, bob)
+
+
+class _EmbeddingAcrossAForget:
+    """The archive's embedder, running `meanwhile` while it embeds a passage (an insert
+    embeds for seconds, longer when it waits for a slot)."""
+
+    def __init__(self, inner: Any, meanwhile: Callable[[], None]) -> None:
+        self.inner, self.meanwhile = inner, meanwhile
+        self.name, self.dim = inner.name, inner.dim
+
+    def embed_passages(self, texts: list[str]) -> Any:
+        self.meanwhile()
+        return self.inner.embed_passages(texts)
+
+    def embed_query(self, text: str) -> Any:
+        return self.inner.embed_query(text)
+
+
+@pytest.mark.usefixtures("earlier_turn")
+@pytest.mark.parametrize("afresh", [False, True], ids=["forgotten", "started-afresh"])
+def test_a_forget_during_a_tools_insert_leaves_nothing_of_the_turn(
+    memory: MemoryRig, engine: Engine, tmp_path: Path, afresh: bool
+) -> None:
+    """The model's archive insert embeds its passage while alice is forgotten (and, in the
+    second case, started afresh by a new turn). The insert checks between its embedding
+    and its write: the passage is not stored, the tool's result not recorded, the model
+    not asked again; forgotten, her rows are deleted; started afresh, her new memory is
+    exactly what the new turn wrote. The same for `run_tools` alone (the step-limit step),
+    which has no model call after it to check."""
+    bob = rows_of(engine, "bob")
+    script: list[dict[str, Any]] = [{"content": [ARCHIVE]}, {"text": "Noted."}]
+    archive = SqliteArchive(tmp_path / "archive.db", default_embedder())
+    new_memory: dict[str, Any] = {}
+    with closing(archive), scripted_steps(memory, engine, script, archive) as (steps, server):
+        turn = TurnInput(user_id="alice", turn_id="t1", message="I write essays")
+        _, context = steps.prepare_context(turn)
+        where = StepInput(user_id="alice", turn_id="t1", step=1, erasures_seen=0)
+        steps.call_model(where, context)
+        forget = (
+            forgotten_and_started_afresh(steps, engine, archive, new_memory)
+            if afresh
+            else forget_begins(engine, "completed", archive)
+        )
+        archive.embedder = _EmbeddingAcrossAForget(archive.embedder, forget)
+        with pytest.raises(UserForgotten) as refused:
+            steps.run_tools(where)
+        assert refused.value.started_afresh is afresh
+        assert len(server.requests) == 1
+        assert archive.count("alice") == 0
+    if afresh:
+        assert_only_the_new_memory(memory, engine, new_memory, bob)
+    else:
+        assert rows_of(engine, "alice") == {}
+        assert rows_of(engine, "bob") == bob
+
+
+@pytest.mark.usefixtures("earlier_turn")
+def test_a_forget_during_a_tools_proposal_leaves_nothing_of_the_turn(
+    memory: MemoryRig, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model's edit is proposed (a pending diff stored) while alice's forget runs its
+    emptying: `run_tools` alone (the step-limit step) checks after its tools, so the
+    proposal does not outlive the forget, and the tool's result is not recorded."""
+    bob = rows_of(engine, "bob")
+    edit = edit_block("student", field="name", operation="set", value="Vera")
+    script: list[dict[str, Any]] = [{"content": [edit]}]
+    with scripted_steps(memory, engine, script) as (steps, _):
+        turn = TurnInput(user_id="alice", turn_id="t1", message="I build robots")
+        _, context = steps.prepare_context(turn)
+        where = StepInput(user_id="alice", turn_id="t1", step=1, erasures_seen=0)
+        steps.call_model(where, context)
+        propose = steps.tools.review.propose
+
+        def proposing_during_the_forget(*args: Any, **kwargs: Any) -> Any:
+            forget_begins(engine, "emptied")()  # the record opened, the rows emptied
+            return propose(*args, **kwargs)
+
+        monkeypatch.setattr(steps.tools.review, "propose", proposing_during_the_forget)
+        with pytest.raises(UserBeingForgotten):
+            steps.run_tools(where)
+    assert_nothing_left(engine, "emptied", bob)

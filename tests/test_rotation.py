@@ -4,6 +4,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.testing import ActivityEnvironment
@@ -12,6 +13,7 @@ from durable_memory.activities.rotation import RotationActivities
 from durable_memory.bootstrap import MemoryStack, open_stack
 from durable_memory.memory.archive.embedders import default_embedder
 from durable_memory.memory.archive.sqlite import SqliteArchive
+from durable_memory.memory.core.errors import UserBeingForgotten
 from durable_memory.memory.core.profiles import load_profile
 from durable_memory.memory.rotation.planner import archive_header, utc_now
 from durable_memory.memory.rotation.steps import Rotator
@@ -25,6 +27,7 @@ from durable_memory.memory.rotation.task_sink import ArchiveTaskSink
 from durable_memory.memory.service import MemoryFaces
 from durable_memory.memory.store.db import make_engine
 from durable_memory.memory.store.diffs import DiffStore
+from durable_memory.memory.store.erasure import ErasureLedger
 from durable_memory.memory.store.git import CLOCK_SKEW, GitBlockStore
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.rotation_state import RotationStateStore
@@ -337,3 +340,38 @@ def test_a_commit_rotation_retried_after_the_clock_moved_returns_its_commit(
     }
     (passage,) = stack.archive.page("alice")  # exactly one archived copy
     assert passage.text.startswith(f"{archive_header(ticket.planned_at)}\n")
+
+
+def test_a_rotation_archives_nothing_for_a_user_whose_forget_began_as_it_embedded(
+    rig: tuple[MemoryRig, Rotator, SqliteArchive],
+) -> None:
+    """A rotation planned before alice's forget embeds her block's full text (seconds for a
+    long block) while the forget empties her archive: the insert checks the erasure ledger
+    between its embedding and its write, so the old text is not archived after the forget
+    emptied her archive (the forget terminates the rotation, but not an activity already
+    running)."""
+    memory, rotator, archive = rig
+    _fill_notes(memory)
+    plan = rotator.plan("alice", "notes")
+    assert plan is not None
+    engine = rotator.states.engine  # the one database of the rig: the ledger too
+    embed = archive.embedder.embed_passages
+
+    def embedding_during_the_forget(texts: list[str]) -> Any:
+        ErasureLedger(engine).begin("alice", "dpo@school", "asked")
+        archive.forget_user("alice")
+        return embed(texts)
+
+    archive.embedder = type(
+        "EmbeddingDuringTheForget",
+        (),
+        {
+            "name": archive.embedder.name,
+            "dim": archive.embedder.dim,
+            "embed_passages": staticmethod(embedding_during_the_forget),
+            "embed_query": staticmethod(archive.embedder.embed_query),
+        },
+    )()
+    with pytest.raises(UserBeingForgotten):
+        rotator.archive_step(plan)
+    assert archive.count("alice") == 0

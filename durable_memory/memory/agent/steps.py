@@ -414,13 +414,18 @@ class TurnSteps:
     def _delete_what_the_turn_wrote(self, user_id: str, *, keep_listed: bool) -> None:
         """Delete the user's passages, then their rows (the forget's own deletions, made
         again), logging what fails: the refusal that follows is the step's answer, and
-        nothing retries a forgotten turn."""
+        nothing retries a forgotten turn. Not once the user was started afresh after the
+        refusal was decided: each deletion asks the ledger again, the rows' in their own
+        transaction (a fresh start waits for it or comes first)."""
+        engine = self.turns.engine
         cleanups: list[Callable[[], object]] = [
-            lambda: erase_user_rows(self.turns.engine, user_id, keep_listed=keep_listed)
+            lambda: erase_user_rows(
+                engine, user_id, keep_listed=keep_listed, only_while_closed=True
+            )
         ]
         archive = self.archive
         if archive is not None:  # a passage the model's tool call inserted
-            cleanups.insert(0, lambda: archive.forget_user(user_id))
+            cleanups.insert(0, lambda: self._forget_passages_while_closed(archive, user_id))
         for cleanup in cleanups:
             try:
                 cleanup()
@@ -431,6 +436,14 @@ class TurnSteps:
                     user_id,
                     exc_info=True,
                 )
+
+    def _forget_passages_while_closed(self, archive: ArchiveStore, user_id: str) -> None:
+        try:
+            self.sources.blocks.refuse_if_forgotten(user_id)
+        except (UserBeingForgotten, UserForgotten):
+            archive.forget_user(user_id)  # still closed: theirs are the forgotten memory's
+            return
+        log.info("user '%s' was started afresh: their new memory's passages stay", user_id)
 
     def run_tools(self, step: StepInput) -> ToolStepResult:
         """Execute the tool calls of a step's reply; edits become pending diffs. The answer is
@@ -454,15 +467,29 @@ class TurnSteps:
         context = self.turns.stored_context(step.user_id, step.turn_id)
         offered = None if context is None else offered_in(context.tools)
         results = []
-        for use in reply.tool_uses:
+
+        def check() -> int:
+            return self._refuse_if_forgotten_after_writing(step.user_id, seen)
+
+        for n, use in enumerate(reply.tool_uses):
+            if n:  # before the first, the step's own check was made moments ago
+                check()
             outcome = self.tools.execute(
-                step.user_id, step.turn_id, use.name, use.input, call_id=use.id, offered=offered
+                step.user_id,
+                step.turn_id,
+                use.name,
+                use.input,
+                call_id=use.id,
+                offered=offered,
+                before_write=check,  # an archive insert, between its embedding and its write
             )
             results.append(
                 ToolResultBlock(
                     tool_use_id=use.id, content=outcome.content, is_error=outcome.is_error
                 )
             )
+        if reply.tool_uses:  # after the tools' writes, before their results are recorded
+            check()
         self.sources.recall.record(
             step.user_id,
             step.turn_id,

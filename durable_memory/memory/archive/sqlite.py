@@ -13,6 +13,7 @@ vector_cache.py.
 import json
 import sqlite3
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -153,7 +154,13 @@ class SqliteArchive:
 
     # -- writes ----------------------------------------------------------------------------
 
-    def insert(self, passage: NewPassage, *, chunk: bool = False) -> list[str]:
+    def insert(
+        self,
+        passage: NewPassage,
+        *,
+        chunk: bool = False,
+        before_write: Callable[[], object] | None = None,
+    ) -> list[str]:
         chunks = check_passage(passage, chunk=chunk)
         ids = chunk_ids(passage, chunks)
         db = self._db()
@@ -165,6 +172,8 @@ class SqliteArchive:
         if not todo:
             return ids
         vectors = self.embedder.embed_passages([text for _, _, text in todo])
+        if before_write is not None:
+            before_write()
         created = _epoch(passage.created_at or datetime.now(UTC))
         rows = [
             (

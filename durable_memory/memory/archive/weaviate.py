@@ -7,6 +7,7 @@ WEAVIATE_URL is set (no Weaviate server runs on our CI machines).
 """
 
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlparse
@@ -126,7 +127,13 @@ class WeaviateArchive:
     def _has_tenant(self, user_id: str) -> bool:
         return self.client.collections.use(self.name).tenants.exists(validate_user_id(user_id))
 
-    def insert(self, passage: NewPassage, *, chunk: bool = False) -> list[str]:
+    def insert(
+        self,
+        passage: NewPassage,
+        *,
+        chunk: bool = False,
+        before_write: Callable[[], object] | None = None,
+    ) -> list[str]:
         chunks = check_passage(passage, chunk=chunk)
         ids = chunk_ids(passage, chunks)
         tenant = self._tenant(passage.user_id)
@@ -140,6 +147,8 @@ class WeaviateArchive:
         if not todo:
             return ids
         vectors = self.embedder.embed_passages([text for _, _, text in todo])
+        if before_write is not None:
+            before_write()
         created = passage.created_at or datetime.now(UTC)
         objects = [
             DataObject(

@@ -56,7 +56,9 @@ class Rotator(RotationPlanner):
         self.archive = archive
 
     def archive_step(self, plan: RotationPlan) -> list[str]:
-        """Step 1: the full text into archival memory. Idempotent."""
+        """Step 1: the full text into archival memory. Idempotent. Checked between its
+        embedding (seconds for a long block) and its write: nothing is archived for a user
+        whose forget began meanwhile (UserBeingForgotten, UserForgotten)."""
         return self.archive.insert(
             NewPassage(
                 user_id=plan.user_id,
@@ -69,6 +71,7 @@ class Rotator(RotationPlanner):
                 dedupe_key=plan.dedupe_key,
             ),
             chunk=True,
+            before_write=lambda: self.blocks.refuse_if_forgotten(plan.user_id),
         )
 
     @compare_and_set

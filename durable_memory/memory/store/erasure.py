@@ -17,7 +17,7 @@ import hashlib
 import sqlite3
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy import select as select_columns
@@ -251,26 +251,52 @@ class ErasureLedger:
             return [_record(row) for row in session.exec(self._newest_first(user_id)).all()]
 
 
-def erase_user_rows(engine: Engine, user_id: str, *, keep_listed: bool = False) -> int:
+def erase_user_rows(
+    engine: Engine, user_id: str, *, keep_listed: bool = False, only_while_closed: bool = False
+) -> int:
     """Delete every row of the user from every table (idempotent); how many were deleted. On
     SQLite, the freed bytes are zeroed and the WAL emptied (see the module). `keep_listed`:
     all but their row in `users`, for a step that finds the user's forget under way (the
-    forget deletes that row last itself)."""
+    forget deletes that row last itself). `only_while_closed`: nothing is deleted if the
+    user is open to memory (started afresh since a step saw their forget: what they have is
+    their new memory), decided in the deleting transaction, so a fresh start waits for it
+    or comes first."""
     validate_user_id(user_id)
     tables = tuple(t for t in USER_TABLES if not keep_listed or t != "users")
     if engine.dialect.name == "sqlite":
-        return _erase_sqlite(engine, user_id, tables)
+        return _erase_sqlite(engine, user_id, tables, only_while_closed)
     deleted = 0
     with engine.begin() as conn:
+        if only_while_closed:  # FOR SHARE: a fresh start (an update of the record) waits
+            ledger = _ERASURES_OF.with_for_update(read=True)
+            if _closing(conn.execute(ledger, {"user_hash": user_hash(user_id)}).all()) is None:
+                return 0
         for name in tables:
             table = SQLModel.metadata.tables[name]
             deleted += int(conn.execute(table.delete().where(table.c.user_id == user_id)).rowcount)
     return deleted
 
 
-def _erase_sqlite(engine: Engine, user_id: str, tables: Sequence[str]) -> int:
+class _LedgerRow(NamedTuple):
+    requested_by: str
+    started_at: datetime
+    completed_at: datetime | None
+    readmitted_at: datetime | None
+
+
+def _erase_sqlite(
+    engine: Engine, user_id: str, tables: Sequence[str], only_while_closed: bool
+) -> int:
     with raw_sqlite(engine) as db:  # its connections run with secure_delete (sql.py)
-        with immediate(db):
+        with immediate(db):  # the write lock: a fresh start (a write) waits for it
+            if only_while_closed:
+                found = db.execute(
+                    "SELECT requested_by, started_at, completed_at, readmitted_at FROM erasures "
+                    "WHERE user_hash = ? ORDER BY started_at DESC",
+                    (user_hash(user_id),),
+                ).fetchall()
+                if _closing([_LedgerRow(*row) for row in found]) is None:
+                    return 0
             deleted = 0
             for name in tables:
                 deleted += db.execute(f"DELETE FROM {name} WHERE user_id = ?", (user_id,)).rowcount
