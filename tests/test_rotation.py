@@ -13,7 +13,7 @@ from durable_memory.activities.rotation import RotationActivities
 from durable_memory.bootstrap import MemoryStack, open_stack
 from durable_memory.memory.archive.embedders import default_embedder
 from durable_memory.memory.archive.sqlite import SqliteArchive
-from durable_memory.memory.core.errors import UserBeingForgotten
+from durable_memory.memory.core.errors import UserBeingForgotten, UserForgotten
 from durable_memory.memory.core.profiles import load_profile
 from durable_memory.memory.rotation.planner import archive_header, utc_now
 from durable_memory.memory.rotation.steps import Rotator
@@ -342,24 +342,31 @@ def test_a_commit_rotation_retried_after_the_clock_moved_returns_its_commit(
     assert passage.text.startswith(f"{archive_header(ticket.planned_at)}\n")
 
 
+@pytest.mark.parametrize("afresh", [False, True], ids=["forgotten", "started-afresh"])
 def test_a_rotation_archives_nothing_for_a_user_whose_forget_began_as_it_embedded(
-    rig: tuple[MemoryRig, Rotator, SqliteArchive],
+    rig: tuple[MemoryRig, Rotator, SqliteArchive], afresh: bool
 ) -> None:
     """A rotation planned before alice's forget embeds her block's full text (seconds for a
-    long block) while the forget empties her archive: the insert checks the erasure ledger
-    between its embedding and its write, so the old text is not archived after the forget
-    emptied her archive (the forget terminates the rotation, but not an activity already
-    running)."""
+    long block) while the forget empties her archive (and, in the second case, completes and
+    a new turn starts her afresh): the insert checks the erasure ledger between its
+    embedding and its write, against what the check before the text was read saw, so the
+    old text is archived neither after the forget emptied her archive nor into her new
+    memory (the forget terminates the rotation, but not an activity already running)."""
     memory, rotator, archive = rig
     _fill_notes(memory)
+    seen = memory.blocks.refuse_if_forgotten("alice")  # as `dmem.archive_rotation` does
     plan = rotator.plan("alice", "notes")
     assert plan is not None
     engine = rotator.states.engine  # the one database of the rig: the ledger too
     embed = archive.embedder.embed_passages
 
     def embedding_during_the_forget(texts: list[str]) -> Any:
-        ErasureLedger(engine).begin("alice", "dpo@school", "asked")
+        ledger = ErasureLedger(engine)
+        ledger.begin("alice", "dpo@school", "asked")
         archive.forget_user("alice")
+        if afresh:
+            ledger.complete("alice")
+            ledger.readmit("alice")
         return embed(texts)
 
     archive.embedder = type(
@@ -372,6 +379,6 @@ def test_a_rotation_archives_nothing_for_a_user_whose_forget_began_as_it_embedde
             "embed_query": staticmethod(archive.embedder.embed_query),
         },
     )()
-    with pytest.raises(UserBeingForgotten):
-        rotator.archive_step(plan)
+    with pytest.raises(UserForgotten if afresh else UserBeingForgotten):
+        rotator.archive_step(plan, since=seen)
     assert archive.count("alice") == 0

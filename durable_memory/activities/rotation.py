@@ -70,7 +70,10 @@ class RotationActivities:
     @activity.defn(name="dmem.archive_rotation")
     def archive_rotation(self, ticket: RotationTicket) -> list[str]:
         with classified_errors(), self.stack.git.pinned():
-            ids = self.stack.rotator.archive_step(self._plan(ticket))
+            # Before the plan's text is read: a forget and a fresh start of the user while it
+            # embeds archives nothing of the memory that forget erased (Rotator.archive_step).
+            seen = self.stack.blocks.refuse_if_forgotten(ticket.user_id)
+            ids = self.stack.rotator.archive_step(self._plan(ticket), since=seen)
             crash_point(AFTER_ARCHIVE)
             return ids
 

@@ -55,10 +55,12 @@ class Rotator(RotationPlanner):
         self.git = git
         self.archive = archive
 
-    def archive_step(self, plan: RotationPlan) -> list[str]:
+    def archive_step(self, plan: RotationPlan, since: int | None = None) -> list[str]:
         """Step 1: the full text into archival memory. Idempotent. Checked between its
         embedding (seconds for a long block) and its write: nothing is archived for a user
-        whose forget began meanwhile (UserBeingForgotten, UserForgotten)."""
+        whose forget began meanwhile (UserBeingForgotten, UserForgotten), nor, given `since`
+        (what the erasure check before the plan's text was read returned), for one who was
+        forgotten since and started afresh: the text is of the memory that forget erased."""
         return self.archive.insert(
             NewPassage(
                 user_id=plan.user_id,
@@ -71,7 +73,7 @@ class Rotator(RotationPlanner):
                 dedupe_key=plan.dedupe_key,
             ),
             chunk=True,
-            before_write=lambda: self.blocks.refuse_if_forgotten(plan.user_id),
+            before_write=lambda: self.blocks.refuse_if_forgotten(plan.user_id, since),
         )
 
     @compare_and_set
@@ -101,8 +103,9 @@ class Rotator(RotationPlanner):
 
     def rotate(self, user_id: str, label: str, *, force: bool = False) -> RotationResult | None:
         """Plan, archive, commit. Safe to run again after a crash at any point."""
+        seen = self.blocks.refuse_if_forgotten(user_id)
         plan = self.plan(user_id, label, force=force)
         if plan is None:
             return None
-        ids = self.archive_step(plan)
+        ids = self.archive_step(plan, since=seen)
         return RotationResult(plan=plan, passage_ids=ids, commit_sha=self.commit_step(plan, ids))
