@@ -77,6 +77,19 @@ def forget_begins(
     return forget
 
 
+def answering_then(steps: TurnSteps, meanwhile: Callable[[], None]) -> None:
+    """The steps' model answers, then `meanwhile` runs before the step sees the answer (a
+    model call or summary taking a minute, a forget's whole run)."""
+    calling = steps.model.create
+
+    def create(*args: Any, **kwargs: Any) -> Any:
+        reply = calling(*args, **kwargs)
+        meanwhile()
+        return reply
+
+    steps.model = type("AnsweringLate", (), {"create": staticmethod(create)})()
+
+
 @pytest.fixture(params=STAGES)
 def stage(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -147,17 +160,7 @@ def test_a_forget_that_begins_during_a_model_call_leaves_no_row(
             assert stored is not None
             context = stored
             assert archive.count("alice") == 1
-        model = steps.model
-        calling = model.create
-
-        def answering_after_the_forget(*args: Any, **kwargs: Any) -> Any:
-            reply = calling(*args, **kwargs)
-            forget_begins(engine, stage, archive)()
-            return reply
-
-        steps.model = type(
-            "ForgottenDuringTheCall", (), {"create": staticmethod(answering_after_the_forget)}
-        )()
+        answering_then(steps, forget_begins(engine, stage, archive))
         where = StepInput(user_id="alice", turn_id="t1", step=step)
         with pytest.raises(refused_as(stage)):
             steps.call_model(where, context)
@@ -250,19 +253,7 @@ def test_a_turn_begun_before_a_forget_writes_nothing_once_the_user_is_started_af
             assert tools.erasures_seen == 0
             context = tools.context
             where = StepInput(user_id="alice", turn_id="t1", step=2, erasures_seen=0)
-        calling = steps.model.create
-        started_afresh = forgotten_and_started_afresh(steps, engine, archive, afresh)
-
-        def answering_after_a_fresh_start(*args: Any, **kwargs: Any) -> Any:
-            reply = calling(*args, **kwargs)
-            started_afresh()
-            return reply
-
-        steps.model = type(
-            "StartedAfreshDuringTheCall",
-            (),
-            {"create": staticmethod(answering_after_a_fresh_start)},
-        )()
+        answering_then(steps, forgotten_and_started_afresh(steps, engine, archive, afresh))
         with pytest.raises(UserForgotten, match="started afresh since") as refused:
             steps.call_model(where, context)
         assert refused.value.started_afresh
@@ -294,19 +285,7 @@ def test_a_summary_made_before_a_forget_is_not_stored_once_the_user_is_started_a
     afresh: dict[str, Any] = {}
     script: list[dict[str, Any]] = [{"text": "Alice wrote many words."}]
     with scripted_steps(memory, engine, script) as (steps, server):
-        calling = steps.model.create
-        started_afresh = forgotten_and_started_afresh(steps, engine, None, afresh)
-
-        def summarising_across_a_fresh_start(*args: Any, **kwargs: Any) -> Any:
-            reply = calling(*args, **kwargs)
-            started_afresh()
-            return reply
-
-        steps.model = type(
-            "StartedAfreshDuringTheSummary",
-            (),
-            {"create": staticmethod(summarising_across_a_fresh_start)},
-        )()
+        answering_then(steps, forgotten_and_started_afresh(steps, engine, None, afresh))
         turn = TurnInput(user_id="alice", turn_id="t1", message="one more")
         with pytest.raises(UserForgotten, match="started afresh since"):
             steps.prepare_context(turn)
@@ -366,8 +345,6 @@ def test_a_cleanup_spares_a_new_memory_begun_while_it_ran(
     with closing(archive), scripted_steps(memory, engine, script, archive) as (steps, _):
         turn = TurnInput(user_id="alice", turn_id="t1", message="I write essays")
         prepared, context = steps.prepare_context(turn)
-        calling = steps.model.create
-
         forget_user = archive.forget_user
 
         def started_afresh_meanwhile(user_id: str) -> int:
@@ -377,14 +354,12 @@ def test_a_cleanup_spares_a_new_memory_begun_while_it_ran(
             afresh.update(rows_of(engine, "alice"))
             return deleted
 
-        def forgotten_during_the_call(*args: Any, **kwargs: Any) -> Any:
-            reply = calling(*args, **kwargs)
+        def forgotten_during_the_call() -> None:
             forget_begins(engine, "completed", archive)()
             # The old step's cleanup empties the archive: alice is started afresh meanwhile.
             archive.forget_user = started_afresh_meanwhile  # type: ignore[method-assign]
-            return reply
 
-        steps.model = type("Late", (), {"create": staticmethod(forgotten_during_the_call)})()
+        answering_then(steps, forgotten_during_the_call)
         where = StepInput(user_id="alice", turn_id="t1", step=1, erasures_seen=0)
         with pytest.raises(UserForgotten) as refused:
             steps.call_model(where, context)
