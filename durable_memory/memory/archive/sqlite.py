@@ -24,6 +24,7 @@ from durable_memory.memory.archive.protocol import (
     ArchiveError,
     check_passage,
     chunk_ids,
+    embed_for_writing,
     missing_chunks,
     relative_score_fusion,
 )
@@ -171,9 +172,7 @@ class SqliteArchive:
         todo = missing_chunks(ids, chunks, known)
         if not todo:
             return ids
-        vectors = self.embedder.embed_passages([text for _, _, text in todo])
-        if before_write is not None:
-            before_write()
+        vectors = embed_for_writing(self.embedder, todo, before_write)
         created = _epoch(passage.created_at or datetime.now(UTC))
         rows = [
             (

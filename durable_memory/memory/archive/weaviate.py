@@ -25,6 +25,7 @@ from durable_memory.memory.archive.protocol import (
     ArchiveError,
     check_passage,
     chunk_ids,
+    embed_for_writing,
     missing_chunks,
 )
 from durable_memory.memory.core.ids import validate_user_id
@@ -146,9 +147,7 @@ class WeaviateArchive:
         todo = missing_chunks(ids, chunks, known)
         if not todo:
             return ids
-        vectors = self.embedder.embed_passages([text for _, _, text in todo])
-        if before_write is not None:
-            before_write()
+        vectors = embed_for_writing(self.embedder, todo, before_write)
         created = passage.created_at or datetime.now(UTC)
         objects = [
             DataObject(
