@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 import durable_memory.memory.agent.steps as steps_module
 from durable_memory.memory.agent.steps import TurnSteps
@@ -28,7 +28,7 @@ from durable_memory.memory.archive.embedders import default_embedder
 from durable_memory.memory.archive.protocol import ArchiveStore
 from durable_memory.memory.archive.sqlite import SqliteArchive
 from durable_memory.memory.core.errors import StoreBusy, UserBeingForgotten, UserForgotten
-from durable_memory.memory.store.erasure import USER_TABLES, ErasureLedger, erase_user_rows
+from durable_memory.memory.store.erasure import ErasureLedger
 from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.models.recall import MessageRole, NewMessage
 from durable_memory.models.turn import StepInput, TurnInput
@@ -39,42 +39,15 @@ from tests.support.agent_helpers import (
     scripted_steps,
     tool_use,
 )
+from tests.support.forgetting import EmbeddingAcrossAForget, forget_begins, rows_of
 from tests.support.memory import MemoryRig, memory_rig
 
 ARCHIVE = tool_use("archival_memory_insert", content="Alice drafts her essays at night.")
 
 
-def rows_of(engine: Engine, user_id: str) -> dict[str, int]:
-    """How many rows of the user each table keyed by user holds (the tables with any)."""
-    counts = {}
-    with engine.connect() as connection:
-        for table in USER_TABLES:
-            query = text(f"SELECT count(*) FROM {table} WHERE user_id = :user")
-            counts[table] = connection.execute(query, {"user": user_id}).scalar_one()
-    return {table: n for table, n in counts.items() if n}
-
-
 STAGES = ["opened", "emptied", "completed"]
 """How far the forget got while the step ran: its record opened; its stores emptied too (the
 emptying a long step outlives); its record completed."""
-
-
-def forget_begins(
-    engine: Engine, stage: str, archive: ArchiveStore | None = None
-) -> Callable[[], None]:
-    """The forget's steps, at once, up to `stage`."""
-
-    def forget() -> None:
-        ledger = ErasureLedger(engine)
-        ledger.begin("alice", "dpo@school", "asked")
-        if stage != "opened":
-            erase_user_rows(engine, "alice")
-            if archive is not None:
-                archive.forget_user("alice")
-        if stage == "completed":
-            ledger.complete("alice")
-
-    return forget
 
 
 def answering_then(steps: TurnSteps, meanwhile: Callable[[], None]) -> None:
@@ -368,22 +341,6 @@ def test_a_cleanup_spares_a_new_memory_begun_while_it_ran(
     assert_only_the_new_memory(memory, engine, afresh, bob)
 
 
-class _EmbeddingAcrossAForget:
-    """The archive's embedder, running `meanwhile` while it embeds a passage (an insert
-    embeds for seconds, longer when it waits for a slot)."""
-
-    def __init__(self, inner: Any, meanwhile: Callable[[], None]) -> None:
-        self.inner, self.meanwhile = inner, meanwhile
-        self.name, self.dim = inner.name, inner.dim
-
-    def embed_passages(self, texts: list[str]) -> Any:
-        self.meanwhile()
-        return self.inner.embed_passages(texts)
-
-    def embed_query(self, text: str) -> Any:
-        return self.inner.embed_query(text)
-
-
 @pytest.mark.usefixtures("earlier_turn")
 @pytest.mark.parametrize("afresh", [False, True], ids=["forgotten", "started-afresh"])
 def test_a_forget_during_a_tools_insert_leaves_nothing_of_the_turn(
@@ -409,7 +366,7 @@ def test_a_forget_during_a_tools_insert_leaves_nothing_of_the_turn(
             if afresh
             else forget_begins(engine, "completed", archive)
         )
-        archive.embedder = _EmbeddingAcrossAForget(archive.embedder, forget)
+        archive.embedder = EmbeddingAcrossAForget(archive.embedder, forget)
         with pytest.raises(UserForgotten) as refused:
             steps.run_tools(where)
         assert refused.value.started_afresh is afresh

@@ -7,7 +7,7 @@ is the user's own: the one their repository records (`profile.toml`), else the d
 default (a repository made before profiles were recorded per user).
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
@@ -44,8 +44,17 @@ from durable_memory.models.operations import EditOperation
 class TaskArchive(Protocol):
     """Where clear_task(archive=True) puts the finished task (archival memory)."""
 
-    def archive_task(self, user_id: str, text: str, *, dedupe_key: str) -> list[str]:
-        """Store the task text; the same `dedupe_key` again stores nothing (a retry)."""
+    def archive_task(
+        self,
+        user_id: str,
+        text: str,
+        *,
+        dedupe_key: str,
+        before_write: Callable[[], object] | None = None,
+    ) -> list[str]:
+        """Store the task text; the same `dedupe_key` again stores nothing (a retry).
+        `before_write` runs between the text's embedding (seconds) and its write, and what it
+        raises leaves the archive as it was."""
         ...
 
 
@@ -190,12 +199,23 @@ class BlockAccess:
             )
         return self.archive
 
-    def archive_task(self, user_id: str, spec: BlockSpec) -> None:
-        """The block's current task into archival memory, keyed by the block's commit."""
+    def archive_task(self, user_id: str, spec: BlockSpec, since: int | None = None) -> None:
+        """The block's current task into archival memory, keyed by the block's commit.
+
+        Refused (UserBeingForgotten, UserForgotten) for a user closed to memory, and checked
+        again between the text's embedding (seconds) and its write: a forget begun meanwhile
+        (or, given `since`, after the erasure check that returned it) leaves nothing archived,
+        even once the user was started afresh, since the text is of the memory it erased."""
         archive = self.require_archive()
+        seen = self.users.refuse_if_forgotten(user_id, since)
         block = self.read_block(user_id, spec.label)
         if not block.fields.get("current_task"):
             raise OperationNotApplicable(f"block '{spec.label}' has no current task to archive")
         text = format_task_archive(block.fields, datetime.now(UTC))
         key = f"{spec.label}@{block.sha}\n{block.fields.get('current_task')}"
-        archive.archive_task(user_id, text, dedupe_key=key)
+        archive.archive_task(
+            user_id,
+            text,
+            dedupe_key=key,
+            before_write=lambda: self.users.refuse_if_forgotten(user_id, seen),
+        )

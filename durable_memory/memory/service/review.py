@@ -23,6 +23,8 @@ from durable_memory.memory.core.errors import (
     GitRemoteRefused,
     OperationNotApplicable,
     ReadOnlyBlock,
+    UserBeingForgotten,
+    UserForgotten,
 )
 from durable_memory.memory.core.formats import from_markdown, to_markdown, to_toml
 from durable_memory.memory.core.ids import validate_user_id
@@ -276,26 +278,40 @@ class Review:
 
     def commit_approved(self, diff_id: str, user_id: str) -> PendingDiff:
         """Commit an approved diff. Idempotent: a retry after a crash finds the commit carrying
-        its Diff-Id trailer and returns it; a diff that no longer applies becomes conflicted."""
+        its Diff-Id trailer and returns it; a diff that no longer applies becomes conflicted.
+
+        Nothing is committed or archived for a user closed to memory (UserBeingForgotten,
+        UserForgotten), nor for one whose forget began while the commit ran (a task archive
+        embeds for seconds), even once they were started afresh: the diff is of the memory
+        that forget erased. The last check is made under the user's repository lock, which
+        the forget's deletion of the repository takes too."""
+        seen = self._access.users.refuse_if_forgotten(user_id)
         diff = self._diffs.get(diff_id, user_id)
         if diff.status is not DiffStatus.APPROVED:
             raise DurableMemoryError(f"diff {diff_id} is {diff.status.value}, not approved")
         if diff.commit_sha:
             return diff
         try:
-            return self._commit(diff)
+            return self._commit(diff, seen)
+        except (UserBeingForgotten, UserForgotten):
+            raise  # nothing about the diff: the forget deletes it, or already has
         except DurableMemoryError as error:
             if error.retryable or isinstance(error, GitRemoteRefused):
                 # Nothing about the diff: the remote is down, or refuses this host (its token,
                 # its hook). The approval stays recorded; a later attempt commits it.
                 raise
+            # The user's forget, begun meanwhile, may be why (their repository gone, or a new
+            # one without the diff's base): then that is the answer, not a conflict (the
+            # forget deletes the diff).
+            self._access.users.refuse_if_forgotten(user_id, seen)
             # Final, but it cannot be applied (the edit no longer fits the block, the block
             # was edited by hand since the approval was checked, it left the profile...):
             # nothing was committed, so the diff says so instead of staying approved.
             return self._conflicted(diff, str(error))
 
     @compare_and_set
-    def _commit(self, diff: PendingDiff) -> PendingDiff:
+    def _commit(self, diff: PendingDiff, seen: int) -> PendingDiff:
+        """`seen`: what the erasure check before the diff was read returned."""
         user_id = diff.user_id
         spec = self._access.spec(diff.user_id, diff.label)
         op = diff.effective_operation
@@ -307,8 +323,9 @@ class Review:
                 done = tx.find_trailer("Diff-Id", diff.id, since=diff.decided_at)
             if done is not None:
                 return self._diffs.set_commit(diff.id, user_id, done)
-            self._access.archive_task(user_id, spec)
+            self._access.archive_task(user_id, spec, since=seen)
         with git.transaction(user_id) as tx:
+            self._access.users.refuse_if_forgotten(user_id, seen)
             existing = tx.find_trailer("Diff-Id", diff.id, since=diff.decided_at)
             if existing is not None:
                 return self._diffs.set_commit(diff.id, user_id, existing)
