@@ -79,9 +79,11 @@ _ERASURES_OF = (
         _ERASURE.c.readmitted_at,
     )
     .where(*keyed(_ERASURE, "user_hash"))
-    .order_by(_ERASURE.c.started_at.desc())
+    .order_by(_ERASURE.c.id.desc())
 )
-"""A user's erasures, newest first: every step of every turn asks (built once, sql.py)."""
+"""A user's erasures, newest first: every step of every turn asks (built once, sql.py).
+Newest by id, the order the database gave the records, never by `started_at`: that is a
+clock of whichever host began the forget, and hosts' clocks differ."""
 
 
 def _record(row: ErasureRow) -> ErasureRecord:
@@ -221,7 +223,7 @@ class ErasureLedger:
         whole ledger: for a listing of many users (the rotation sweep's)."""
         by_user: dict[str, list[ErasureRow]] = {}
         with Session(self.engine) as session:
-            ordered = select(ErasureRow).order_by(col(ErasureRow.started_at).desc())
+            ordered = select(ErasureRow).order_by(col(ErasureRow.id).desc())
             for row in session.exec(ordered):
                 by_user.setdefault(row.user_hash, []).append(row)
         return {hashed for hashed, rows in by_user.items() if _closing(rows) is not None}
@@ -242,7 +244,7 @@ class ErasureLedger:
         return (
             select(ErasureRow)
             .where(ErasureRow.user_hash == user_hash(user_id))
-            .order_by(col(ErasureRow.started_at).desc())
+            .order_by(col(ErasureRow.id).desc())
         )
 
     def records(self, user_id: str) -> list[ErasureRecord]:
@@ -283,6 +285,19 @@ class _LedgerRow(NamedTuple):
     completed_at: datetime | None
     readmitted_at: datetime | None
 
+    @classmethod
+    def of_sqlite(
+        cls, requested_by: str, started: str, completed: str | None, readmitted: str | None
+    ) -> "_LedgerRow":
+        """A row as sqlite3 returns it: the times are the text SQLAlchemy stored."""
+        return cls(
+            requested_by, datetime.fromisoformat(started), _time(completed), _time(readmitted)
+        )
+
+
+def _time(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
+
 
 def _erase_sqlite(
     engine: Engine, user_id: str, tables: Sequence[str], only_while_closed: bool
@@ -292,10 +307,10 @@ def _erase_sqlite(
             if only_while_closed:
                 found = db.execute(
                     "SELECT requested_by, started_at, completed_at, readmitted_at FROM erasures "
-                    "WHERE user_hash = ? ORDER BY started_at DESC",
+                    "WHERE user_hash = ? ORDER BY id DESC",
                     (user_hash(user_id),),
                 ).fetchall()
-                if _closing([_LedgerRow(*row) for row in found]) is None:
+                if _closing([_LedgerRow.of_sqlite(*row) for row in found]) is None:
                     return 0
             deleted = 0
             for name in tables:
