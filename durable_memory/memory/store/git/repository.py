@@ -118,7 +118,8 @@ class GitBlockStore:
         except UnsafeFile:  # a symlink or a file in its place: removed, never followed
             present = False
         if present:
-            with user_lock(self.users_dir, user_id):
+            # Gone meanwhile (another forget's deletion): nothing to lock.
+            with contextlib.suppress(FileNotFoundError), user_lock(self.users_dir, user_id):
                 return int(discard_tree(path))
         return int(discard_tree(path))
 
@@ -160,7 +161,12 @@ class GitBlockStore:
     def _locked(self, user_id: str) -> Iterator[tuple[git.Repo, int, str | None]]:
         """The user's existing repository under their lock, repaired after any crash: the
         repository, the lock's descriptor and HEAD (verified readable)."""
-        with user_lock(self.users_dir, user_id) as lock, git.Repo(self.repo_path(user_id)) as repo:
+        with contextlib.ExitStack() as held:
+            try:
+                lock = held.enter_context(user_lock(self.users_dir, user_id))
+            except FileNotFoundError:  # deleted while this waited for its lock: a forget
+                raise UnknownUser(f"user '{user_id}' has no memory (any more)") from None
+            repo = held.enter_context(git.Repo(self.repo_path(user_id)))
             repo.git.set_persistent_git_options(c=SAFE_GIT_CONFIG)
             yield repo, lock, recover(repo, lock, self.users_dir, user_id, self.cache)
 
