@@ -9,7 +9,7 @@ approval, a standing approval at the proposal, and a backend's direct `clear_tas
 between the approval's first check and its commit, where the last check, made under the
 user's repository lock, is what refuses it."""
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -195,3 +195,109 @@ def test_a_commit_for_a_user_being_forgotten_is_refused_and_writes_nothing(
         rig.review.commit_approved(diff_id, "alice")
     assert archive.count("alice") == passages
     assert rig.git.head("alice") == head
+
+
+def test_an_approval_whose_users_forget_began_before_its_commit_commits_nothing(
+    rig: MemoryRig, engine: Engine, archive: SqliteArchive, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The forget's record opens between the approval's first check and its commit (its
+    repository not yet deleted): the check under the repository's lock refuses the commit,
+    and the approval stays recorded for the forget to delete."""
+    diff = rig.review.propose(
+        "alice", "human", AddContext(note="prefers mornings"), "she said", Proposer.turn("t1")
+    )
+    head, log = rig.git.head("alice"), rig.history.log("alice", 50)
+    commit = rig.review._commit
+
+    def forgotten_first(*args: Any, **kwargs: Any) -> Any:
+        forget_begins(engine, "opened")()
+        return commit(*args, **kwargs)
+
+    monkeypatch.setattr(rig.review, "_commit", forgotten_first)
+    with pytest.raises(UserBeingForgotten):
+        rig.review.approve(diff.id, TEACHER, user_id="alice")
+    assert rig.git.head("alice") == head
+    assert rig.history.log("alice", 50) == log
+    left = rig.review.get(diff.id, "alice")
+    assert (left.status, left.commit_sha) == (DiffStatus.APPROVED, None)
+    assert archive.count("alice") == 1  # her earlier task only
+
+
+EDITS: dict[str, Callable[[MemoryRig, str], object]] = {
+    "edit_block": lambda m, _: m.edits.edit_block("alice", "notes", {"value": "x"}, BACKEND),
+    "set_task": lambda m, _: m.edits.set_task("alice", "a third essay", BACKEND),
+    "clear_task": lambda m, _: m.edits.clear_task("alice", BACKEND, archive=True),
+    "restore": lambda m, head: m.history.restore("alice", "human", head, BACKEND),
+}
+"""Each direct edit, given the user's HEAD before the forget."""
+
+
+@pytest.mark.parametrize("edit", EDITS)
+@pytest.mark.parametrize("stage", ["opened", "completed"])
+def test_a_direct_edit_for_a_user_closed_to_memory_is_refused_as_such(
+    rig: MemoryRig, engine: Engine, archive: SqliteArchive, edit: str, stage: str
+) -> None:
+    """A backend's or a person's direct edit, or a restore, for alice while her forget is
+    under way or after it: the forget's own refusal (not "no memory yet" once the repository
+    is gone), and nothing written."""
+    head = rig.git.head("alice") or ""
+    passages = archive.count("alice")
+    forget_begins(engine, stage, git=rig.git if stage == "completed" else None)()
+    with pytest.raises(UserBeingForgotten if stage == "opened" else UserForgotten):
+        EDITS[edit](rig, head)
+    if stage == "opened":
+        assert rig.git.head("alice") == head
+        assert archive.count("alice") == passages
+    else:
+        assert not rig.git.repo_path("alice").exists()
+
+
+@AFRESH
+def test_a_restore_read_before_a_forget_is_not_committed_after_it(
+    rig: MemoryRig,
+    engine: Engine,
+    archive: SqliteArchive,
+    afresh: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A restore reads the old version, then alice is forgotten (and started afresh) before
+    it commits: the old version is not brought back into her new memory."""
+    old = rig.history.history("alice", "human", 50)[-1].sha
+    forgetting = Forgetting(rig, engine, archive, afresh)
+    read_at = rig.history.read_at
+
+    def read_then_forgotten(*args: Any) -> Any:
+        fields = read_at(*args)
+        forgetting()
+        return fields
+
+    monkeypatch.setattr(rig.history, "read_at", read_then_forgotten)
+    with pytest.raises(UserForgotten) as refused:
+        rig.history.restore("alice", "human", old, BACKEND)
+    forgetting.refused(refused)
+    forgetting.assert_nothing_of_the_old_memory()
+
+
+@AFRESH
+def test_a_direct_clear_task_archived_before_a_forget_is_not_committed_after_it(
+    rig: MemoryRig,
+    engine: Engine,
+    archive: SqliteArchive,
+    afresh: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The task is archived, then alice is forgotten (the passage with her) and started
+    afresh, before the clear is committed: it is not committed into her new memory."""
+    forgetting = Forgetting(rig, engine, archive, afresh)
+    archive_task = ArchiveTaskSink.archive_task
+
+    def archived_then_forgotten(*args: Any, **kwargs: Any) -> list[str]:
+        ids = archive_task(*args, **kwargs)
+        forgetting()
+        return ids
+
+    monkeypatch.setattr(ArchiveTaskSink, "archive_task", archived_then_forgotten)
+    with pytest.raises(UserForgotten) as refused:
+        rig.edits.clear_task("alice", BACKEND, archive=True)
+    forgetting.refused(refused)
+    forgetting.assert_nothing_of_the_old_memory()

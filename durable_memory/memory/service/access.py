@@ -19,6 +19,7 @@ from durable_memory.memory.core.errors import (
     OperationNotApplicable,
     ProfileError,
     UnknownBlock,
+    UnknownUser,
 )
 from durable_memory.memory.core.formats import from_toml, to_toml
 from durable_memory.memory.core.ids import validate_label
@@ -173,24 +174,35 @@ class BlockAccess:
         summary: str,
         trailers: Mapping[str, str] | None = None,
         based_on: str | None = None,
+        since: int | None = None,
     ) -> str:
         """Commit the block with `fields` (validated) or with `op` applied to its HEAD. With
         `based_on` (the commit whose version of the block the writer started from), refused
         with BlockChanged if the block has changed since: a whole-block write never undoes a
-        change its writer did not see."""
+        change its writer did not see.
+
+        Refused for a user closed to memory (UserBeingForgotten, UserForgotten), checked under
+        the repository's lock, which a forget's deletion of it takes too; given `since` (what
+        the erasure check before the writer read the user's memory returned), also for a user
+        forgotten since and started afresh: what was read is of the memory that forget erased."""
         validate_label(label)
         validate_author_name(author.name)
-        with self.git.transaction(user_id) as tx:
-            spec = block_spec(self.profile_in(tx), label)
-            if based_on is not None:
-                require_unchanged_since(tx, label, based_on)
-            if isinstance(fields, Mapping):
-                new = validate_fields(spec, fields)
-            else:
-                new = apply_operation(spec, self.parse(tx, spec), fields)
-            return tx.commit(
-                {label: to_toml(spec, new)}, format_message(summary, "", trailers), author
-            )
+        try:
+            with self.git.transaction(user_id) as tx:
+                self.users.refuse_if_forgotten(user_id, since)
+                spec = block_spec(self.profile_in(tx), label)
+                if based_on is not None:
+                    require_unchanged_since(tx, label, based_on)
+                if isinstance(fields, Mapping):
+                    new = validate_fields(spec, fields)
+                else:
+                    new = apply_operation(spec, self.parse(tx, spec), fields)
+                return tx.commit(
+                    {label: to_toml(spec, new)}, format_message(summary, "", trailers), author
+                )
+        except UnknownUser:  # no repository: if a forget deleted it, that is the answer
+            self.users.refuse_if_forgotten(user_id, since)
+            raise
 
     def require_archive(self) -> TaskArchive:
         if self.archive is None:

@@ -57,11 +57,14 @@ class DirectEdits:
         self, user_id: str, label: str, op: EditOperation, author: Author, reason: str = ""
     ) -> str:
         """A backend service's domain operation: applied to HEAD and committed at once."""
+        seen = self._access.users.refuse_if_forgotten(user_id)
         spec = self._access.spec(user_id, label)
         if isinstance(op, ClearTask) and op.archive:
-            self._access.archive_task(user_id, spec)
+            self._access.archive_task(user_id, spec, since=seen)
         trailers = {"Reason": reason} if reason else None
-        return self._access.commit_fields(user_id, label, op, author, describe(op, label), trailers)
+        return self._access.commit_fields(
+            user_id, label, op, author, describe(op, label), trailers, since=seen
+        )
 
     @compare_and_set
     def set_profile(self, user_id: str, name: str, author: Author) -> str:

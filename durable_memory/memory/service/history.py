@@ -72,7 +72,9 @@ class History:
         return self._access.git.diff(user_id, self._access.spec(user_id, label).label, a, b)
 
     def restore(self, user_id: str, label: str, sha: str, author: Author) -> str:
-        """Bring back the block as it was at `sha`, as a new commit; history is never rewritten."""
+        """Bring back the block as it was at `sha`, as a new commit; history is never rewritten.
+        Never into the new memory of a user forgotten and started afresh while it ran."""
+        seen = self._access.users.refuse_if_forgotten(user_id)
         fields = self.read_at(user_id, label, sha)
         return self._access.commit_fields(
             user_id,
@@ -81,6 +83,7 @@ class History:
             author,
             f"Restore {label} to {sha[:12]}",
             {"Restored-From": sha},
+            since=seen,
         )
 
     @compare_and_set
