@@ -287,6 +287,27 @@ def test_an_unknown_user_is_unknown_and_creates_nothing(
     assert not (tmp_path / "a" / "clones" / "nobody").exists()
 
 
+def test_a_push_after_a_forget_deleted_the_remote_repository_brings_nothing_back(
+    remote: Remote, engine: Engine, tmp_path: Path
+) -> None:
+    """Host a's transaction fetched alice's main; host b forgets her (the remote repository
+    deleted) before a pushes. The push is refused, not made into a new repository holding
+    her forgotten history; her first commit once started afresh still makes one."""
+    a, b = host(remote, engine, tmp_path / "a"), host(remote, engine, tmp_path / "b")
+    a.blocks.ensure_user("alice")
+    note(a, "alice", "before the forget")
+    with a.git.transaction("alice") as tx:
+        assert b.git.forget_user("alice") >= 1
+        with pytest.raises(UnknownUser, match="any more"):
+            tx.commit({}, "late", SERVICE, allow_empty=True)
+    assert not remote.bare("alice").exists()
+    with pytest.raises(UnknownUser):
+        notes(a, "alice")  # a's clone, and its unpushed commit, are dropped
+    fresh = a.blocks.ensure_user("alice")
+    assert remote.commits("alice") == [fresh]
+    assert notes(b, "alice") == []
+
+
 def test_a_symlink_pushed_by_hand_is_refused_not_followed(
     remote: Remote, engine: Engine, tmp_path: Path
 ) -> None:

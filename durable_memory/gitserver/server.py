@@ -33,6 +33,7 @@ from durable_memory.gitserver.requests import BodyTooLarge, authorized, read_bod
 from durable_memory.loopback_server import ThreadedHTTPServer
 from durable_memory.memory.core.errors import DurableMemoryError
 from durable_memory.memory.store.bare_repos import (
+    EXISTING_REPOSITORY_HEADER,
     delete_bare_repository,
     ensure_bare_repository,
     existing_bare_repository,
@@ -173,7 +174,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._refuse(HTTPStatus.FORBIDDEN, "only the smart protocol is served")
             return
         try:
-            if service == "git-receive-pack":
+            if service == "git-receive-pack" and EXISTING_REPOSITORY_HEADER not in self.headers:
                 ensure_bare_repository(
                     settings.root, user_id, pre_receive_hook=settings.pre_receive_hook
                 )

@@ -35,6 +35,13 @@ def bare_repository_path(shared_dir: Path, user_id: str) -> Path:
     return shared_dir / f"{validate_user_id(user_id)}.git"
 
 
+EXISTING_REPOSITORY_HEADER = "Dmem-Existing-Repository"
+"""Sent with a push of commits onto a main the pusher fetched from the remote: `dmem
+git-serve` then refuses the push if the repository is gone (a forget deleted it meanwhile)
+instead of making it anew, which would bring the forgotten history back. A push onto no main
+(a user's first commit) is sent without it, and the repository is made."""
+
+
 def existing_bare_repository(shared_dir: Path, user_id: str) -> Path | None:
     """The user's bare repository if it exists; None if absent. A path that is there but is a
     symbolic link, a file or a directory that is not a bare repository is UnsafeFile."""

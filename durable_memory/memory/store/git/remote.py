@@ -40,6 +40,7 @@ from durable_memory.memory.core.errors import (
 )
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.bare_repos import (
+    EXISTING_REPOSITORY_HEADER,
     delete_bare_repository,
     ensure_bare_repository,
     existing_bare_repository,
@@ -112,6 +113,9 @@ class RemoteTransaction(RepoTransaction):
     """A transaction on a clone whose commits are pushed as they are made."""
 
     push: Callable[["RemoteTransaction", str], None] | None = None
+    existed: bool = False
+    """Whether the remote had the user's main when the transaction began: its pushes must
+    then find the repository there, never make it anew (EXISTING_REPOSITORY_HEADER)."""
 
     def commit(
         self,
@@ -256,6 +260,7 @@ class RemoteGitBlockStore(GitBlockStore):
                 head=head,
                 cache=self.cache,
                 push=self._push,
+                existed=head is not None,
             )
 
     @contextlib.contextmanager
@@ -368,12 +373,7 @@ class RemoteGitBlockStore(GitBlockStore):
         env: dict[str, str] = {}
         if self._shared_dir is None:
             rewrite = ()
-            count = int(self._env["GIT_CONFIG_COUNT"])
-            env = {
-                "GIT_CONFIG_COUNT": str(count + 1),
-                f"GIT_CONFIG_KEY_{count}": "http.extraHeader",
-                f"GIT_CONFIG_VALUE_{count}": f"{HISTORY_REWRITE_HEADER}: {old}",
-            }
+            env = self._header(HISTORY_REWRITE_HEADER, old)
         pins: dict[str, str | None] | None = getattr(self._pins, "users", None)
         if pins is not None:
             pins.pop(tx.user_id, None)
@@ -402,10 +402,24 @@ class RemoteGitBlockStore(GitBlockStore):
         self.cache.forget(tx.user_id)
         purge(tx.repo, tx.lock, extra_refs=("ORIG_HEAD", REMOTE_REF))
 
+    def _header(self, name: str, value: str) -> dict[str, str]:
+        """The environment that has git send one more HTTP header (to `dmem git-serve`)."""
+        count = int(self._env["GIT_CONFIG_COUNT"])
+        return {
+            "GIT_CONFIG_COUNT": str(count + 1),
+            f"GIT_CONFIG_KEY_{count}": "http.extraHeader",
+            f"GIT_CONFIG_VALUE_{count}": f"{name}: {value}",
+        }
+
     def _push(self, tx: RemoteTransaction, sha: str) -> None:
+        """Push `sha` to the remote's main. Onto a main the transaction fetched, the remote's
+        repository must still be there: gone (a forget deleted it meanwhile), the push is
+        refused, not made into a new repository holding the forgotten history (UnknownUser).
+        A shared directory's repository is never made by a push."""
         pins: dict[str, str | None] | None = getattr(self._pins, "users", None)
         if pins is not None:  # whatever happens, the next transaction asks the remote
             pins.pop(tx.user_id, None)
+        existing = tx.existed and self._shared_dir is None
         out = self._network(
             tx.lock,
             "push",
@@ -414,7 +428,14 @@ class RemoteGitBlockStore(GitBlockStore):
             self.remote_url(tx.user_id),
             f"{sha}:{BRANCH_REF}",
             repo=tx.repo,
+            env=self._header(EXISTING_REPOSITORY_HEADER, "yes") if existing else None,
+            missing_ok=tx.existed,
         )
+        if out is None:
+            raise UnknownUser(
+                f"user '{tx.user_id}' has no memory on the git remote any more (forgotten "
+                "while this transaction ran): nothing was pushed"
+            )
         log.debug("user '%s': pushed %s (%s)", tx.user_id, sha[:12], (out or "").strip())
 
     def _network(
