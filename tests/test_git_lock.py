@@ -33,7 +33,9 @@ def _is_locked(store: GitBlockStore, user_id: str) -> bool:
 
 
 @contextmanager
-def _waiting_transaction(store: GitBlockStore, user_id: str) -> Iterator[dict[str, object]]:
+def _waiting_transaction(
+    store: GitBlockStore, user_id: str, create: bool = False
+) -> Iterator[dict[str, object]]:
     """A transaction of `user_id` started in a thread while this holds the user's lock: it
     waits; the body runs (still holding), then the lock is released and the thread's
     outcome is in the dict: "head" and "locked" (whether the file in place was held while it
@@ -44,7 +46,7 @@ def _waiting_transaction(store: GitBlockStore, user_id: str) -> Iterator[dict[st
     def run() -> None:
         try:
             entered.set()
-            with store.transaction(user_id) as tx:
+            with store.transaction(user_id, create=create) as tx:
                 outcome["head"] = tx.head
                 outcome["locked"] = _is_locked(store, user_id)
         except Exception as error:  # the outcome asserted on
@@ -85,7 +87,20 @@ def test_a_writer_that_waited_while_the_repository_was_deleted_is_told_so(
     with _waiting_transaction(store, "alice") as outcome:
         discard_tree(store.repo_path("alice"))
     assert isinstance(outcome["error"], UnknownUser)
+    assert "any more" in str(outcome["error"])
     assert not store.repo_path("alice").exists()
+
+
+def test_a_writer_that_may_create_makes_again_what_was_deleted_while_it_waited(
+    tmp_path: Path,
+) -> None:
+    """A user's first turn after they were started afresh (`create`), waiting while a late
+    forget step deletes the repository: it makes a new one, empty, and holds its lock."""
+    store = GitBlockStore(tmp_path / "data")
+    _make(store, "alice")
+    with _waiting_transaction(store, "alice", create=True) as outcome:
+        discard_tree(store.repo_path("alice"))
+    assert outcome == {"head": None, "locked": True}
 
 
 def test_a_forget_of_a_repository_deleted_meanwhile_deletes_nothing_else(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine
@@ -24,9 +25,11 @@ from durable_memory.memory.core.errors import (
     UnsafeFile,
 )
 from durable_memory.memory.core.profiles import load_profile
+from durable_memory.memory.store.bare_repos import discard_tree
 from durable_memory.memory.store.diffs import DiffStore
 from durable_memory.memory.store.git import RemoteGitBlockStore
 from durable_memory.memory.store.git.advertisement import main_of_advertisement
+from durable_memory.memory.store.git.locking import user_lock
 from durable_memory.memory.store.git.refs import Unreadable
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.models.diffs import DiffStatus, Proposer
@@ -306,6 +309,80 @@ def test_a_push_after_a_forget_deleted_the_remote_repository_brings_nothing_back
     fresh = a.blocks.ensure_user("alice")
     assert remote.commits("alice") == [fresh]
     assert notes(b, "alice") == []
+
+
+def test_a_rewrite_pushed_after_a_forget_deleted_the_repository_makes_none(
+    remote: Remote, engine: Engine, tmp_path: Path
+) -> None:
+    """`dmem redact`'s force push of a rewritten history, after a forget on another host
+    deleted the repository: refused, and no repository (not even an empty one) is made."""
+    a, b = host(remote, engine, tmp_path / "a"), host(remote, engine, tmp_path / "b")
+    a.blocks.ensure_user("alice")
+    note(a, "alice", "to be redacted")
+    with a.git.transaction("alice") as tx:
+        assert tx.head is not None
+        tree = tx.repo.commit(tx.head).tree.hexsha
+        rewritten = tx.repo.git.commit_tree(tree, "-m", "rewritten")
+        b.git.forget_user("alice")
+        with pytest.raises(UnknownUser, match="any more"):
+            a.git.replace_history(tx, tx.head, rewritten)
+    assert not remote.bare("alice").exists()
+
+
+def test_a_push_answered_not_found_for_a_repository_that_is_there_is_retried(
+    remote: Remote, engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A push answered "no such repository" while the remote has the user's main (a proxy's
+    404, a server restarted on another directory) is "unavailable", retried: not the user
+    forgotten, and an approval it carried stays approved, not conflicted."""
+    a = host(remote, engine, tmp_path / "a")
+    a.blocks.ensure_user("alice")
+    diff = a.review.propose("alice", "human", AddContext(note="x"), "r", Proposer.turn("t1"))
+    head = remote.commits("alice")
+    network = RemoteGitBlockStore._network
+
+    def not_found_on_push(
+        self: RemoteGitBlockStore, lock: int | None, *args: str, **kw: Any
+    ) -> Any:
+        if args[0] == "push":
+            return None  # what a "not found" answer gives a push onto a fetched main
+        return network(self, lock, *args, **kw)
+
+    monkeypatch.setattr(RemoteGitBlockStore, "_network", not_found_on_push)
+    with pytest.raises(GitRemoteUnavailable, match="yet it has"):
+        a.review.approve(diff.id, "ms.lee@school", user_id="alice")
+    assert remote.commits("alice") == head
+    left = a.review.get(diff.id, "alice")
+    assert (left.status, left.commit_sha) == (DiffStatus.APPROVED, None)
+    monkeypatch.undo()
+    assert a.review.commit_approved(diff.id, "alice").commit_sha == remote.commits("alice")[0]
+
+
+@pytest.mark.parametrize("create", [False, True])
+def test_a_transaction_that_waited_while_its_clone_was_dropped_makes_it_again(
+    remote: Remote, engine: Engine, tmp_path: Path, create: bool
+) -> None:
+    """A clone dropped while a transaction waited for its lock (a forget's, or the sweep of
+    forgotten users' clones reading a ledger from before a fresh start): the clone is
+    disposable, so the transaction makes it again from the remote, create or not."""
+    a = host(remote, engine, tmp_path / "a")
+    created = a.blocks.ensure_user("alice")
+    store = a.git
+    assert isinstance(store, RemoteGitBlockStore)
+    heads: list[str | None] = []
+
+    def read_head() -> None:
+        with store.transaction("alice", create=create) as tx:
+            heads.append(tx.head)
+
+    with user_lock(store.users_dir, "alice"):
+        waiting = threading.Thread(target=read_head)
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive()
+        discard_tree(store.repo_path("alice"))
+    waiting.join(30)
+    assert heads == [created]
 
 
 def test_a_symlink_pushed_by_hand_is_refused_not_followed(

@@ -33,6 +33,7 @@ import git
 
 from durable_memory.faults import AFTER_PUSH, BEFORE_PUSH, crash_point
 from durable_memory.memory.core.errors import (
+    DurableMemoryError,
     GitRemoteContended,
     GitRemoteRefused,
     GitRemoteUnavailable,
@@ -244,11 +245,8 @@ class RemoteGitBlockStore(GitBlockStore):
             elif existing_bare_repository(self._shared_dir, user_id) is None:
                 super().forget_user(user_id)  # a clone left from before a forget: stale
                 raise UnknownUser(f"user '{user_id}' has no memory yet")
-        if not self._is_repository(user_id):
-            if not create and self._shared_dir is None:
-                self._refuse_unknown(user_id)  # before leaving an empty clone behind
-            self._create(user_id)  # an empty clone: the fetch below fills it
-        with self._locked(user_id) as (repo, lock, _recovered):
+        with contextlib.ExitStack() as held:
+            repo, lock, _recovered = self._hold(held, user_id, create)
             head = self._sync(repo, lock, user_id)
             if head is None and not create:
                 raise UnknownUser(f"user '{user_id}' has no memory yet")
@@ -262,6 +260,14 @@ class RemoteGitBlockStore(GitBlockStore):
                 push=self._push,
                 existed=head is not None,
             )
+
+    def _make(self, user_id: str, create: bool, gone: bool) -> None:  # noqa: ARG002
+        """A missing clone, also one dropped while this waited for its lock (a forget's, or
+        `drop_clones`'s): made again, empty (the fetch fills it), since the remote says
+        whether the user has memory; unless the server says plainly that they have none."""
+        if not create and self._shared_dir is None:
+            self._refuse_unknown(user_id)  # before leaving an empty clone behind
+        self._create(user_id)
 
     @contextlib.contextmanager
     def pinned(self) -> Iterator[None]:
@@ -373,11 +379,12 @@ class RemoteGitBlockStore(GitBlockStore):
         env: dict[str, str] = {}
         if self._shared_dir is None:
             rewrite = ()
-            env = self._header(HISTORY_REWRITE_HEADER, old)
+            # Never onto a repository made anew: a forget may have deleted it meanwhile.
+            env = self._headers({HISTORY_REWRITE_HEADER: old, EXISTING_REPOSITORY_HEADER: "yes"})
         pins: dict[str, str | None] | None = getattr(self._pins, "users", None)
         if pins is not None:
             pins.pop(tx.user_id, None)
-        self._network(
+        pushed = self._network(
             tx.lock,
             "push",
             "--porcelain",
@@ -388,7 +395,10 @@ class RemoteGitBlockStore(GitBlockStore):
             f"{new}:{BRANCH_REF}",
             repo=tx.repo,
             env=env,
+            missing_ok=True,
         )
+        if pushed is None:
+            self._refuse_gone(tx.user_id, f"the rewritten history of user '{tx.user_id}'")
         move_main(tx.repo, tx.lock, new, old)
         self.purge_history(tx)
 
@@ -402,14 +412,36 @@ class RemoteGitBlockStore(GitBlockStore):
         self.cache.forget(tx.user_id)
         purge(tx.repo, tx.lock, extra_refs=("ORIG_HEAD", REMOTE_REF))
 
-    def _header(self, name: str, value: str) -> dict[str, str]:
-        """The environment that has git send one more HTTP header (to `dmem git-serve`)."""
+    def _headers(self, headers: Mapping[str, str]) -> dict[str, str]:
+        """The environment that has git send these HTTP headers too (to `dmem git-serve`)."""
         count = int(self._env["GIT_CONFIG_COUNT"])
-        return {
-            "GIT_CONFIG_COUNT": str(count + 1),
-            f"GIT_CONFIG_KEY_{count}": "http.extraHeader",
-            f"GIT_CONFIG_VALUE_{count}": f"{name}: {value}",
-        }
+        env = {"GIT_CONFIG_COUNT": str(count + len(headers))}
+        for index, (name, value) in enumerate(headers.items(), start=count):
+            env[f"GIT_CONFIG_KEY_{index}"] = "http.extraHeader"
+            env[f"GIT_CONFIG_VALUE_{index}"] = f"{name}: {value}"
+        return env
+
+    def _refuse_gone(self, user_id: str, where: str) -> None:
+        """After a push onto a main this host fetched was answered "no such repository":
+        UnknownUser if the remote plainly has no main for the user now (a forget deleted the
+        repository); else the answer was something else's (a proxy, a server restarted on
+        another directory): GitRemoteUnavailable, retried."""
+        try:
+            if self._shared_dir is not None:
+                gone = existing_bare_repository(self._shared_dir, user_id) is None
+            else:
+                gone = remote_main(self.remote_url(user_id), self._token) is None
+        except (Unreadable, DurableMemoryError, OSError):
+            gone = False
+        if gone:
+            raise UnknownUser(
+                f"user '{user_id}' has no memory on the git remote any more (forgotten while "
+                "this transaction ran): nothing was pushed"
+            )
+        raise GitRemoteUnavailable(
+            f"{where}: the git remote answered that the repository does not exist, yet it has "
+            "the user's main"
+        )
 
     def _push(self, tx: RemoteTransaction, sha: str) -> None:
         """Push `sha` to the remote's main. Onto a main the transaction fetched, the remote's
@@ -428,14 +460,12 @@ class RemoteGitBlockStore(GitBlockStore):
             self.remote_url(tx.user_id),
             f"{sha}:{BRANCH_REF}",
             repo=tx.repo,
-            env=self._header(EXISTING_REPOSITORY_HEADER, "yes") if existing else None,
+            env=self._headers({EXISTING_REPOSITORY_HEADER: "yes"}) if existing else None,
             missing_ok=tx.existed,
         )
         if out is None:
-            raise UnknownUser(
-                f"user '{tx.user_id}' has no memory on the git remote any more (forgotten "
-                "while this transaction ran): nothing was pushed"
-            )
+            self._refuse_gone(tx.user_id, f"git push of user '{tx.user_id}'")
+        tx.existed = True  # a later commit of the transaction goes onto this one
         log.debug("user '%s': pushed %s (%s)", tx.user_id, sha[:12], (out or "").strip())
 
     def _network(

@@ -16,6 +16,7 @@ import git
 
 from durable_memory.memory.core.errors import (
     DurableMemoryError,
+    StoreBusy,
     UnknownCommit,
     UnknownUser,
     UnsafeFile,
@@ -34,6 +35,10 @@ from durable_memory.memory.store.safe_files import kind_of
 from durable_memory.models.history import CommitInfo
 
 log = logging.getLogger(__name__)
+
+HOLD_ATTEMPTS = 3
+"""How many times a transaction takes the user's lock on a repository deleted (and perhaps
+made again) while it waited, before it gives up (StoreBusy, retried)."""
 
 
 class GitBlockStore:
@@ -143,11 +148,8 @@ class GitBlockStore:
     @contextlib.contextmanager
     def transaction(self, user_id: str, *, create: bool = False) -> Iterator[RepoTransaction]:
         """Hold the user's write lock; recover from a write interrupted by a crash."""
-        if not self._is_repository(user_id):
-            if not create:
-                raise UnknownUser(f"user '{user_id}' has no memory yet")
-            self._create(user_id)
-        with self._locked(user_id) as (repo, lock, head):
+        with contextlib.ExitStack() as held:
+            repo, lock, head = self._hold(held, user_id, create)
             yield RepoTransaction(
                 repo=repo,
                 lock=lock,
@@ -157,18 +159,36 @@ class GitBlockStore:
                 cache=self.cache,
             )
 
-    @contextlib.contextmanager
-    def _locked(self, user_id: str) -> Iterator[tuple[git.Repo, int, str | None]]:
-        """The user's existing repository under their lock, repaired after any crash: the
-        repository, the lock's descriptor and HEAD (verified readable)."""
-        with contextlib.ExitStack() as held:
+    def _hold(
+        self, held: contextlib.ExitStack, user_id: str, create: bool
+    ) -> tuple[git.Repo, int, str | None]:
+        """The user's repository under their lock, repaired after any crash (entered on
+        `held`): the repository, the lock's descriptor and HEAD (verified readable). A missing
+        one is `_make`'s to make or refuse, also when it is deleted while this waits for its
+        lock (a forget), a bounded number of times."""
+        gone = False
+        for _ in range(HOLD_ATTEMPTS):
+            if not self._is_repository(user_id):
+                self._make(user_id, create, gone)
             try:
                 lock = held.enter_context(user_lock(self.users_dir, user_id))
-            except FileNotFoundError:  # deleted while this waited for its lock: a forget
-                raise UnknownUser(f"user '{user_id}' has no memory (any more)") from None
+            except FileNotFoundError:  # deleted while this waited for its lock
+                gone = True
+                continue
             repo = held.enter_context(git.Repo(self.repo_path(user_id)))
             repo.git.set_persistent_git_options(c=SAFE_GIT_CONFIG)
-            yield repo, lock, recover(repo, lock, self.users_dir, user_id, self.cache)
+            return repo, lock, recover(repo, lock, self.users_dir, user_id, self.cache)
+        raise StoreBusy(
+            f"the repository of user '{user_id}' was deleted {HOLD_ATTEMPTS} times while this "
+            "waited for it; try again"
+        )
+
+    def _make(self, user_id: str, create: bool, gone: bool) -> None:
+        """A missing repository: made if the transaction may create it, else UnknownUser
+        (`gone`: it was there when this began to wait for it)."""
+        if not create:
+            raise UnknownUser(f"user '{user_id}' has no memory {'any more' if gone else 'yet'}")
+        self._create(user_id)
 
     def head(self, user_id: str) -> str | None:
         with self.transaction(user_id) as tx:
