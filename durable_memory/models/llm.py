@@ -6,8 +6,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SerializerFunctionWrapHandler,
-    model_serializer,
 )
 
 CacheTTL = Literal["5m", "1h"]
@@ -25,23 +23,26 @@ class CacheControl(BaseModel):
 
 
 class _Block(BaseModel):
-    """A content block: `cache_control` is serialised only when set, so a block without a
-    breakpoint has the same bytes it always had (in recall, stored contexts and requests)."""
+    """A content block."""
 
     model_config = ConfigDict(frozen=True)
 
-    @model_serializer(mode="wrap")
-    def _marker_only_when_set(self, handler: SerializerFunctionWrapHandler) -> Any:
-        data = handler(self)
-        if isinstance(data, dict) and data.get("cache_control", 0) is None:
-            del data["cache_control"]
-        return data
+
+def _none(value: object) -> bool:
+    return value is None
+
+
+CacheMarker = Annotated[CacheControl | None, Field(exclude_if=_none)]
+"""A block's `cache_control`: serialised only when set, so a block without a breakpoint has
+the same bytes it always had (in recall, stored contexts and requests). A field-level rule,
+not a serializer around the whole block: a context's thousands of blocks are dumped in
+pydantic's core, without a Python call per block."""
 
 
 class TextBlock(_Block):
     type: Literal["text"] = "text"
     text: str
-    cache_control: CacheControl | None = None
+    cache_control: CacheMarker = None
 
 
 class ToolUseBlock(_Block):
@@ -49,7 +50,7 @@ class ToolUseBlock(_Block):
     id: str
     name: str
     input: dict[str, Any]
-    cache_control: CacheControl | None = None
+    cache_control: CacheMarker = None
 
 
 class ToolResultBlock(_Block):
@@ -57,7 +58,7 @@ class ToolResultBlock(_Block):
     tool_use_id: str
     content: str
     is_error: bool = False
-    cache_control: CacheControl | None = None
+    cache_control: CacheMarker = None
 
 
 ContentBlock = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
