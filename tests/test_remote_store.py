@@ -19,13 +19,14 @@ from durable_memory.bootstrap import stack_from_settings
 from durable_memory.config import ConfigError, MemorySettings
 from durable_memory.faults import AFTER_PUSH, BEFORE_PUSH
 from durable_memory.memory.core.errors import (
+    GitRemoteContended,
     GitRemoteRefused,
     GitRemoteUnavailable,
     UnknownUser,
     UnsafeFile,
 )
 from durable_memory.memory.core.profiles import load_profile
-from durable_memory.memory.store.bare_repos import discard_tree
+from durable_memory.memory.store.bare_repos import discard_tree, ensure_bare_repository
 from durable_memory.memory.store.diffs import DiffStore
 from durable_memory.memory.store.git import RemoteGitBlockStore
 from durable_memory.memory.store.git.advertisement import main_of_advertisement
@@ -383,6 +384,55 @@ def test_a_transaction_that_waited_while_its_clone_was_dropped_makes_it_again(
         discard_tree(store.repo_path("alice"))
     waiting.join(30)
     assert heads == [created]
+
+
+def test_a_stale_push_onto_a_repository_made_anew_and_still_empty_is_refused(
+    remote: Remote, engine: Engine, tmp_path: Path
+) -> None:
+    """Host a's transaction fetched alice's main; she is forgotten, and a fresh start has made
+    her repository anew on the remote but not pushed its first commit yet. a's push is leased
+    on the main it fetched: refused as contended (retried, and the retry finds her new
+    memory), and her forgotten history does not become the new repository's main."""
+    a, b = host(remote, engine, tmp_path / "a"), host(remote, engine, tmp_path / "b")
+    a.blocks.ensure_user("alice")
+    with a.git.transaction("alice") as tx:
+        b.git.forget_user("alice")
+        ensure_bare_repository(remote.root, "alice")  # the fresh start's, before its push
+        with pytest.raises(GitRemoteContended):
+            tx.commit({}, "late", SERVICE, allow_empty=True)
+    bare = remote.bare("alice")
+    assert not (bare / "refs" / "heads" / "main").exists()
+    assert "refs/heads/main" not in (
+        (bare / "packed-refs").read_text() if (bare / "packed-refs").exists() else ""
+    )
+
+
+def test_a_transaction_that_waited_while_the_user_was_forgotten_leaves_no_clone(
+    remote: Remote, engine: Engine, tmp_path: Path
+) -> None:
+    """The remote's repository and this host's clone deleted (a forget) while a transaction
+    waited for the clone's lock: no memory, and no empty clone is left behind."""
+    a = host(remote, engine, tmp_path / "a")
+    a.blocks.ensure_user("alice")
+    outcome: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            a.git.head("alice")
+        except UnknownUser as error:
+            outcome.append(error)
+
+    with user_lock(a.git.users_dir, "alice"):
+        waiting = threading.Thread(target=read)
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive()
+        host(remote, engine, tmp_path / "b").git.forget_user("alice")
+        discard_tree(a.git.repo_path("alice"))
+    waiting.join(30)
+    assert len(outcome) == 1
+    assert not a.git.repo_path("alice").exists()
+    assert not remote.bare("alice").exists()
 
 
 def test_a_symlink_pushed_by_hand_is_refused_not_followed(

@@ -46,7 +46,11 @@ from durable_memory.memory.store.bare_repos import (
     ensure_bare_repository,
     existing_bare_repository,
 )
-from durable_memory.memory.store.git.advertisement import git_remote_errors, remote_main
+from durable_memory.memory.store.git.advertisement import (
+    git_remote_errors,
+    remote_main,
+    served_main,
+)
 from durable_memory.memory.store.git.commits import git_process, run_git
 from durable_memory.memory.store.git.refs import (
     BRANCH_REF,
@@ -113,10 +117,8 @@ _MOVED = ("fetch first", "non-fast-forward", "stale info", "failed to update ref
 class RemoteTransaction(RepoTransaction):
     """A transaction on a clone whose commits are pushed as they are made."""
 
-    push: Callable[["RemoteTransaction", str], None] | None = None
-    existed: bool = False
-    """Whether the remote had the user's main when the transaction began: its pushes must
-    then find the repository there, never make it anew (EXISTING_REPOSITORY_HEADER)."""
+    push: Callable[["RemoteTransaction", str, str | None], None] | None = None
+    """Pushes the new commit, given the main it was made on (None: the user's first)."""
 
     def commit(
         self,
@@ -141,7 +143,7 @@ class RemoteTransaction(RepoTransaction):
         )
         if new != before and self.push is not None:
             crash_point(BEFORE_PUSH)
-            self.push(self, new)
+            self.push(self, new, before)
             crash_point(AFTER_PUSH)
         return new
 
@@ -258,15 +260,18 @@ class RemoteGitBlockStore(GitBlockStore):
                 head=head,
                 cache=self.cache,
                 push=self._push,
-                existed=head is not None,
             )
 
-    def _make(self, user_id: str, create: bool, gone: bool) -> None:  # noqa: ARG002
+    def _make(self, user_id: str, create: bool, gone: bool) -> None:
         """A missing clone, also one dropped while this waited for its lock (a forget's, or
         `drop_clones`'s): made again, empty (the fetch fills it), since the remote says
-        whether the user has memory; unless the server says plainly that they have none."""
-        if not create and self._shared_dir is None:
-            self._refuse_unknown(user_id)  # before leaving an empty clone behind
+        whether the user has memory; unless it says plainly that they have none (then no
+        empty clone is left behind)."""
+        if not create:
+            if self._shared_dir is None:
+                self._refuse_unknown(user_id)
+            elif existing_bare_repository(self._shared_dir, user_id) is None:
+                raise UnknownUser(f"user '{user_id}' has no memory {'any more' if gone else 'yet'}")
         self._create(user_id)
 
     @contextlib.contextmanager
@@ -423,14 +428,17 @@ class RemoteGitBlockStore(GitBlockStore):
 
     def _refuse_gone(self, user_id: str, where: str) -> None:
         """After a push onto a main this host fetched was answered "no such repository":
-        UnknownUser if the remote plainly has no main for the user now (a forget deleted the
-        repository); else the answer was something else's (a proxy, a server restarted on
-        another directory): GitRemoteUnavailable, retried."""
+        UnknownUser if the remote itself says it has no main for the user now (a forget
+        deleted the repository): a shared directory's, or `dmem git-serve`'s own `dmem-main`
+        answer. Any other answer (a proxy's 404, a server that is not `dmem git-serve`) is
+        GitRemoteUnavailable, retried; a refused token stays GitRemoteRefused."""
         try:
             if self._shared_dir is not None:
                 gone = existing_bare_repository(self._shared_dir, user_id) is None
             else:
-                gone = remote_main(self.remote_url(user_id), self._token) is None
+                gone = served_main(self.remote_url(user_id), self._token) is None
+        except GitRemoteRefused:
+            raise
         except (Unreadable, DurableMemoryError, OSError):
             gone = False
         if gone:
@@ -443,29 +451,33 @@ class RemoteGitBlockStore(GitBlockStore):
             "the user's main"
         )
 
-    def _push(self, tx: RemoteTransaction, sha: str) -> None:
-        """Push `sha` to the remote's main. Onto a main the transaction fetched, the remote's
-        repository must still be there: gone (a forget deleted it meanwhile), the push is
-        refused, not made into a new repository holding the forgotten history (UnknownUser).
-        A shared directory's repository is never made by a push."""
+    def _push(self, tx: RemoteTransaction, sha: str, onto: str | None) -> None:
+        """Push `sha`, made on `onto` (the remote's main as fetched; None for the user's first
+        commit), to the remote's main. Onto a main, the push is leased on it: a main that
+        moved is GitRemoteContended (compare-and-set), and so is one that is gone, e.g. a
+        repository a forget deleted and a fresh start made anew, empty, meanwhile. And
+        `dmem git-serve` is told not to make the repository: gone (a forget deleted it), the
+        push is refused, not made into a new repository holding the forgotten history
+        (UnknownUser). A shared directory's repository is never made by a push."""
         pins: dict[str, str | None] | None = getattr(self._pins, "users", None)
         if pins is not None:  # whatever happens, the next transaction asks the remote
             pins.pop(tx.user_id, None)
-        existing = tx.existed and self._shared_dir is None
+        lease = () if onto is None else (f"--force-with-lease={BRANCH_REF}:{onto}",)
+        header = onto is not None and self._shared_dir is None
         out = self._network(
             tx.lock,
             "push",
             "--porcelain",
             "--quiet",
+            *lease,
             self.remote_url(tx.user_id),
             f"{sha}:{BRANCH_REF}",
             repo=tx.repo,
-            env=self._headers({EXISTING_REPOSITORY_HEADER: "yes"}) if existing else None,
-            missing_ok=tx.existed,
+            env=self._headers({EXISTING_REPOSITORY_HEADER: "yes"}) if header else None,
+            missing_ok=onto is not None,
         )
         if out is None:
             self._refuse_gone(tx.user_id, f"git push of user '{tx.user_id}'")
-        tx.existed = True  # a later commit of the transaction goes onto this one
         log.debug("user '%s': pushed %s (%s)", tx.user_id, sha[:12], (out or "").strip())
 
     def _network(
