@@ -18,7 +18,11 @@ from durable_memory.memory.core.errors import (
     GitRemoteUnavailable,
 )
 from durable_memory.memory.store.git import RemoteGitBlockStore
-from durable_memory.memory.store.git.advertisement import advertised_main, remote_main
+from durable_memory.memory.store.git.advertisement import (
+    advertised_main,
+    remote_main,
+    served_main,
+)
 
 TOKEN = "secret-token-never-shown"
 Request = Callable[[str], object]
@@ -78,3 +82,26 @@ def test_a_refusal_or_an_outage_is_named_the_same_by_every_request(
 def test_no_server_is_unavailable_for_every_request(request_to: Request) -> None:
     with pytest.raises(GitRemoteUnavailable, match=r"the git remote is unavailable: .*refused"):
         request_to(f"http://127.0.0.1:{free_port()}")  # nothing listens there
+
+
+class _NotHTTP(BaseHTTPRequestHandler):
+    """Answers with a status line that is not HTTP's (a proxy or server gone wrong), then
+    closes."""
+
+    def do_GET(self) -> None:
+        self.wfile.write(b"NOT-HTTP 200 hello\r\n\r\n")
+        self.close_connection = True
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("read", [advertised_main, served_main, remote_main])
+def test_a_reply_that_is_not_http_is_unavailable(read: Callable[[str, str | None], object]) -> None:
+    """http.client's own errors (BadStatusLine here; IncompleteRead, LineTooLong) are not
+    OSError: they are unavailable too, retried, not an error of no kind of ours."""
+    with (
+        ThreadedHTTPServer("127.0.0.1", 0, _NotHTTP) as server,
+        pytest.raises(GitRemoteUnavailable, match="unavailable"),
+    ):
+        read(f"{server.url}/alice.git", TOKEN)

@@ -350,7 +350,7 @@ def test_a_push_answered_not_found_for_a_repository_that_is_there_is_retried(
         return network(self, lock, *args, **kw)
 
     monkeypatch.setattr(RemoteGitBlockStore, "_network", not_found_on_push)
-    with pytest.raises(GitRemoteUnavailable, match="yet it has"):
+    with pytest.raises(GitRemoteUnavailable, match="did not confirm"):
         a.review.approve(diff.id, "ms.lee@school", user_id="alice")
     assert remote.commits("alice") == head
     left = a.review.get(diff.id, "alice")

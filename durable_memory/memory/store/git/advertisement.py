@@ -9,6 +9,7 @@ Also how every HTTP request of ours to the git server fails (`git_remote_errors`
 one and the deletion of a forgotten user's repository (remote.py)."""
 
 import contextlib
+import http.client
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -44,7 +45,8 @@ def git_remote_errors(where: str) -> Iterator[None]:
                 f"{where}: the git remote is unavailable (HTTP {error.code})"
             ) from None
         raise
-    except (urllib.error.URLError, OSError) as error:
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as error:
+        # HTTPException: a reply cut short or malformed (IncompleteRead, BadStatusLine...).
         reason = getattr(error, "reason", error)
         raise GitRemoteUnavailable(f"{where}: the git remote is unavailable: {reason}") from None
 

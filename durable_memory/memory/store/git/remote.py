@@ -6,9 +6,10 @@ Every transaction takes the local per-user lock (threads and processes of this h
 what a crash left in the clone (recovery.py), fetches, and points the clone's main at the
 remote's: a local commit a kill left unpushed is dropped, never pushed later, so the caller's
 retry (an approved diff in the database, say) is the only way the change reaches the remote.
-A commit is pushed at once. The push is the compare-and-set between hosts: the remote only
-accepts a fast-forward of the main it had (`receive.denyNonFastForwards`, and git's own ref
-lock), so a writer that lost a race gets `GitRemoteContended`; the callers that write are
+A commit is pushed at once. The push is the compare-and-set between hosts: it is leased on
+the main it was made on (`--force-with-lease`: a main moved or absent is refused), and the
+remote only accepts a fast-forward (`receive.denyNonFastForwards`, and git's own ref lock),
+so a writer that lost a race gets `GitRemoteContended`; the callers that write are
 wrapped in `compare_and_set` (store/block_repository.py), which re-runs their whole
 read-check-write on fresh history (a Diff-Id already on the remote then means done), a bounded
 number of times.
@@ -447,8 +448,8 @@ class RemoteGitBlockStore(GitBlockStore):
                 "this transaction ran): nothing was pushed"
             )
         raise GitRemoteUnavailable(
-            f"{where}: the git remote answered that the repository does not exist, yet it has "
-            "the user's main"
+            f"{where}: the git remote answered that the repository does not exist, and did not "
+            "confirm it when asked for the user's main"
         )
 
     def _push(self, tx: RemoteTransaction, sha: str, onto: str | None) -> None:
