@@ -92,6 +92,20 @@ class Forgetting:
         assert bob == self.bob
 
 
+def meanwhile(call: Callable[..., Any], run: Callable[[], None], *, first: bool) -> Any:
+    """`call`, with `run` (a forget) run just before it (`first`) or just after it."""
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if first:
+            run()
+        result = call(*args, **kwargs)
+        if not first:
+            run()
+        return result
+
+    return wrapped
+
+
 AFRESH = pytest.mark.parametrize("afresh", [False, True], ids=["forgotten", "started-afresh"])
 
 
@@ -164,13 +178,9 @@ def test_an_approval_committed_after_a_forget_began_is_refused_under_the_lock(
         "alice", "human", AddContext(note="prefers mornings"), "she said", Proposer.turn("t1")
     )
     forgetting = Forgetting(rig, engine, archive, afresh)
-    commit = rig.review._commit
-
-    def forgotten_first(*args: Any, **kwargs: Any) -> Any:
-        forgetting()
-        return commit(*args, **kwargs)
-
-    monkeypatch.setattr(rig.review, "_commit", forgotten_first)
+    monkeypatch.setattr(
+        rig.review, "_commit", meanwhile(rig.review._commit, forgetting, first=True)
+    )
     with pytest.raises(UserForgotten) as refused:
         rig.review.approve(diff.id, TEACHER, user_id="alice")
     forgetting.refused(refused)
@@ -207,13 +217,8 @@ def test_an_approval_whose_users_forget_began_before_its_commit_commits_nothing(
         "alice", "human", AddContext(note="prefers mornings"), "she said", Proposer.turn("t1")
     )
     head, log = rig.git.head("alice"), rig.history.log("alice", 50)
-    commit = rig.review._commit
-
-    def forgotten_first(*args: Any, **kwargs: Any) -> Any:
-        forget_begins(engine, "opened")()
-        return commit(*args, **kwargs)
-
-    monkeypatch.setattr(rig.review, "_commit", forgotten_first)
+    opened = forget_begins(engine, "opened")
+    monkeypatch.setattr(rig.review, "_commit", meanwhile(rig.review._commit, opened, first=True))
     with pytest.raises(UserBeingForgotten):
         rig.review.approve(diff.id, TEACHER, user_id="alice")
     assert rig.git.head("alice") == head
@@ -264,14 +269,9 @@ def test_a_restore_read_before_a_forget_is_not_committed_after_it(
     it commits: the old version is not brought back into her new memory."""
     old = rig.history.history("alice", "human", 50)[-1].sha
     forgetting = Forgetting(rig, engine, archive, afresh)
-    read_at = rig.history.read_at
-
-    def read_then_forgotten(*args: Any) -> Any:
-        fields = read_at(*args)
-        forgetting()
-        return fields
-
-    monkeypatch.setattr(rig.history, "read_at", read_then_forgotten)
+    monkeypatch.setattr(
+        rig.history, "read_at", meanwhile(rig.history.read_at, forgetting, first=False)
+    )
     with pytest.raises(UserForgotten) as refused:
         rig.history.restore("alice", "human", old, BACKEND)
     forgetting.refused(refused)
@@ -289,14 +289,8 @@ def test_a_direct_clear_task_archived_before_a_forget_is_not_committed_after_it(
     """The task is archived, then alice is forgotten (the passage with her) and started
     afresh, before the clear is committed: it is not committed into her new memory."""
     forgetting = Forgetting(rig, engine, archive, afresh)
-    archive_task = ArchiveTaskSink.archive_task
-
-    def archived_then_forgotten(*args: Any, **kwargs: Any) -> list[str]:
-        ids = archive_task(*args, **kwargs)
-        forgetting()
-        return ids
-
-    monkeypatch.setattr(ArchiveTaskSink, "archive_task", archived_then_forgotten)
+    archived = meanwhile(ArchiveTaskSink.archive_task, forgetting, first=False)
+    monkeypatch.setattr(ArchiveTaskSink, "archive_task", archived)
     with pytest.raises(UserForgotten) as refused:
         rig.edits.clear_task("alice", BACKEND, archive=True)
     forgetting.refused(refused)
