@@ -211,15 +211,14 @@ class BlockAccess:
             )
         return self.archive
 
-    def archive_task(self, user_id: str, spec: BlockSpec, since: int | None = None) -> None:
+    def archive_task(self, user_id: str, spec: BlockSpec, since: int) -> None:
         """The block's current task into archival memory, keyed by the block's commit.
 
-        Refused (UserBeingForgotten, UserForgotten) for a user closed to memory, and checked
-        again between the text's embedding (seconds) and its write: a forget begun meanwhile
-        (or, given `since`, after the erasure check that returned it) leaves nothing archived,
-        even once the user was started afresh, since the text is of the memory it erased."""
+        `since`: what the caller's erasure check returned, made before it read anything (it
+        refused a user closed to memory then). Checked again between the text's embedding
+        (seconds) and its write: a forget begun since leaves nothing archived, even once the
+        user was started afresh, since the text is of the memory it erased."""
         archive = self.require_archive()
-        seen = self.users.refuse_if_forgotten(user_id, since)
         block = self.read_block(user_id, spec.label)
         if not block.fields.get("current_task"):
             raise OperationNotApplicable(f"block '{spec.label}' has no current task to archive")
@@ -229,5 +228,5 @@ class BlockAccess:
             user_id,
             text,
             dedupe_key=key,
-            before_write=lambda: self.users.refuse_if_forgotten(user_id, seen),
+            before_write=lambda: self.users.refuse_if_forgotten(user_id, since),
         )
