@@ -20,6 +20,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from bench.floor import (
+    FLOOR_WORKFLOW_RUNNER,
     FloorCommitWorkflow,
     FloorDecisionWorkflow,
     FloorModelCallWorkflow,
@@ -57,6 +58,7 @@ async def _serve(address: str, task_queue: str, threads: int, model_url: str | N
             activities=[noop, *real_work],
             activity_executor=pool,
             max_concurrent_activities=threads,
+            workflow_runner=FLOOR_WORKFLOW_RUNNER,
         )
         gc.collect()  # as our worker does (freeze_startup_objects)
         gc.freeze()

@@ -43,6 +43,7 @@ from temporalio.worker import (
     Interceptor,
     Worker,
 )
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from bench.common import (
     CpuMeter,
@@ -287,7 +288,11 @@ async def main_async(turns: int, user_counts: list[int], leg_turns: int, out: Pa
             ],
             activity_executor=pool,
             max_concurrent_activities=ACTIVITY_THREADS,
-            workflow_runner=WORKFLOW_RUNNER,  # as build_worker's
+            # build_worker's, with the floor's module passed through as well (as the floor
+            # worker's FLOOR_WORKFLOW_RUNNER): neither side imports its workflows per run
+            workflow_runner=SandboxedWorkflowRunner(
+                restrictions=WORKFLOW_RUNNER.restrictions.with_passthrough_modules("bench")
+            ),
             interceptors=[timer],
         )
         client = MemoryClient(env.client, settings, stack)
