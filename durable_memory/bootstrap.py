@@ -4,6 +4,8 @@ The only place outside the tests that assembles the domain's parts. The CLI and 
 one per command or connection, the Temporal worker one per process (workers/worker.py).
 """
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +37,7 @@ from durable_memory.memory.store.erasure import ErasureLedger, erase_user_rows
 from durable_memory.memory.store.git import GitBlockStore, RemoteGitBlockStore
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.rotation_state import RotationStateStore
+from durable_memory.memory.store.sql import one_connection
 from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.memory.store.turns import TurnStore
 from durable_memory.memory.store.users import PayloadKeyStore, UserDirectory
@@ -59,6 +62,14 @@ class MemoryStack(MemoryFaces):
     erasures: ErasureLedger
     """The erasure records (`dmem forget`); an open one keeps the user's turns out."""
     engine: Engine
+
+    @contextlib.contextmanager
+    def pinned(self) -> Iterator[None]:
+        """One activity's work: its reads of a user's repository see one state of it (with a
+        git remote, the remote is asked once per user: `RemoteGitBlockStore.pinned`), and its
+        lone SQL statements share one connection (`one_connection`, PostgreSQL)."""
+        with self.git.pinned(), one_connection(self.engine):
+            yield
 
     def compile(self, user_id: str, summarizer: Summarizer | None = None) -> CompiledContext:
         return turn_context(self.sources(), self.archive, user_id, summarizer)

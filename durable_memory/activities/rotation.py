@@ -51,7 +51,7 @@ class RotationActivities:
 
     @activity.defn(name="dmem.plan_rotation")
     def plan_rotation(self, request: RotationInput) -> RotationTicket | None:
-        with classified_errors(), self.stack.git.pinned():
+        with classified_errors(), self.stack.pinned():
             # Plans nothing while a redaction of the user is under way (retried): it waits.
             RedactionGate(self.stack.engine).refuse_if_open(request.user_id)
             plan = self.stack.rotator.plan(request.user_id, request.label, force=request.force)
@@ -69,7 +69,7 @@ class RotationActivities:
 
     @activity.defn(name="dmem.archive_rotation")
     def archive_rotation(self, ticket: RotationTicket) -> list[str]:
-        with classified_errors(), self.stack.git.pinned():
+        with classified_errors(), self.stack.pinned():
             # Before the plan's text is read: a forget and a fresh start of the user while it
             # embeds archives nothing of the memory that forget erased (Rotator.archive_step).
             seen = self.stack.blocks.refuse_if_forgotten(ticket.user_id)
@@ -79,7 +79,7 @@ class RotationActivities:
 
     @activity.defn(name="dmem.commit_rotation")
     def commit_rotation(self, commit: RotationCommit) -> str | None:
-        with classified_errors(), self.stack.git.pinned():
+        with classified_errors(), self.stack.pinned():
             return self.stack.rotator.commit_step(self._plan(commit.ticket), commit.passage_ids)
 
     @activity.defn(name="dmem.rotation_candidates")
@@ -90,7 +90,7 @@ class RotationActivities:
         forgotten or forgotten (UserDirectory.users). A listed user whose
         repository is not on this worker's disk (made on another host) is skipped and logged:
         without a shared git remote, only the worker that holds it can check it."""
-        with classified_errors(), self.stack.git.pinned():
+        with classified_errors(), self.stack.pinned():
             found = []
             for user_id in self.stack.blocks.users():
                 if not self.stack.git.exists(user_id):

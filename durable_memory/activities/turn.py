@@ -71,7 +71,7 @@ class TurnActivities:
 
     @activity.defn(name="dmem.prepare_turn")
     def prepare_turn(self, turn: TurnInput) -> PreparedTurn:
-        with classified_errors(), self.stack.git.pinned():
+        with classified_errors(), self.stack.pinned():
             return self._admitted_prepare(turn)[0]
 
     def _admitted_prepare(self, turn: TurnInput) -> tuple[PreparedTurn, CompiledContext]:
@@ -91,7 +91,7 @@ class TurnActivities:
         prepare's own work); each half is idempotent as before, so a retry after a crash
         anywhere in it finds the stored context and the stored reply (docs/temporal.md,
         "The first step")."""
-        with classified_errors(), self.stack.git.pinned():
+        with classified_errors(), self.stack.pinned():
             prepared, context = self._admitted_prepare(turn)
             crash_point(MID_START)
             first = self.steps.call_model(
@@ -107,19 +107,19 @@ class TurnActivities:
 
     @activity.defn(name="dmem.call_model")
     def call_model(self, step: StepInput) -> ModelStepResult:
-        with classified_errors(), self.stack.git.pinned():
+        with classified_errors(), self.stack.pinned():
             return self.steps.call_model(step)
 
     @activity.defn(name="dmem.run_tools")
     def run_tools(self, step: StepInput) -> ToolStepResult:
-        with classified_errors(), self.stack.git.pinned():
+        with classified_errors(), self.stack.pinned():
             return self.steps.run_tools(step)
 
     @activity.defn(name="dmem.step_diffs")
     def step_diffs(self, step: StepInput) -> ToolStepResult:
         """What a step's tool calls proposed, read from the store, running no tool: for a turn
         whose `tools_then_model` failed after its tools may have proposed."""
-        with classified_errors(), self.stack.git.pinned():
+        with classified_errors(), self.stack.pinned():
             return self.steps.step_diffs(step)
 
     @activity.defn(name="dmem.tools_then_model")
@@ -130,7 +130,7 @@ class TurnActivities:
         Each half is idempotent as before: a retry after a crash anywhere in it finds the
         diffs and results the tools stored and the reply the model gave (docs/temporal.md,
         "Tools and the next model call")."""
-        with classified_errors(), self.stack.git.pinned():
+        with classified_errors(), self.stack.pinned():
             tools = self.steps.run_tools_in_context(step)
             crash_point(MID_TOOLS_THEN_MODEL)
             following = step.model_copy(
@@ -142,7 +142,7 @@ class TurnActivities:
 
     @activity.defn(name="dmem.finish_turn")
     def finish_turn(self, finish: FinishInput) -> FinishedTurn:
-        with classified_errors(), self.stack.git.pinned():
+        with classified_errors(), self.stack.pinned():
             return self.steps.finish(finish)
 
     @activity.defn(name="dmem.decide")
@@ -151,7 +151,7 @@ class TurnActivities:
         a loser gets the winner's outcome with a message saying its own was not applied.
         Idempotent: a retry after the decision was recorded (and perhaps committed) finishes
         and returns it instead of failing."""
-        with classified_errors(), self.stack.git.pinned():
+        with classified_errors(), self.stack.pinned():
             review = self.stack.review
             diff = review.get(decision.diff_id, decision.user_id)
             self.redaction_gate.refuse_if_open(diff.user_id)  # waits, as a new turn does
@@ -188,7 +188,7 @@ class TurnActivities:
     def expire_diffs(self, diff_ids: list[str]) -> list[DecisionOutcome]:
         """Expire a turn's undecided diffs. The ids come from the turn workflow's own state
         (the diffs its activities proposed for its user), never from a caller."""
-        with classified_errors(), self.stack.git.pinned():
+        with classified_errors(), self.stack.pinned():
             review = self.stack.review
             outcomes = []
             for diff_id in diff_ids:
@@ -205,5 +205,5 @@ class TurnActivities:
 
     @activity.defn(name="dmem.needs_rotation")
     def needs_rotation(self, candidate: RotationCandidate) -> bool:
-        with classified_errors(), self.stack.git.pinned():
+        with classified_errors(), self.stack.pinned():
             return self.stack.rotator.check(candidate.user_id, candidate.label).should_rotate
