@@ -26,6 +26,7 @@ from durable_memory.memory.store.git.layout import (
     open_user_dir,
 )
 from durable_memory.memory.store.git.locking import LOCK_FILE
+from durable_memory.memory.store.git.opener import RepoOpener
 from durable_memory.memory.store.git.refs import (
     BRANCH_REF,
     FULL_SHA,
@@ -50,12 +51,14 @@ _SET_ASIDE_DIR = "dmem-set-aside"
 
 
 def recover(
-    repo: git.Repo, lock: int, users_dir: Path, user_id: str, cache: SnapshotCache
+    repo: RepoOpener, lock: int, users_dir: Path, user_id: str, cache: SnapshotCache
 ) -> str | None:
     """Make the repository usable after a process was killed anywhere in a write; return
     HEAD, verified readable. Runs under the user's lock, so no writer of ours is live:
-    git lock files left behind are stale; a journal means our write did not finish."""
-    git_dir = Path(repo.git_dir)
+    git lock files left behind are stale; a journal means our write did not finish. Opens
+    the repository only to read a commit not cached, or to repair: the usual transaction
+    finds nothing to do and HEAD's snapshot cached."""
+    git_dir = repo.git_dir
     killed = _remove_stale_locks(git_dir, user_id)
     journal = read_journal(git_dir)
     interrupted = killed or journal is not None
@@ -64,15 +67,17 @@ def recover(
     base = journal.base if journal else None
     try:
         head = read_head(git_dir)
-        if head is not None and not _readable(repo, user_id, head, cache, history=interrupted):
-            raise Unreadable(f"commit {head[:12]} or an object it needs is unreadable")
+        # Uninterrupted, a cached snapshot of HEAD is what `_readable` would find: read.
+        unchecked = head is not None and (interrupted or cache.get(user_id, head) is None)
+        if unchecked and not _readable(repo(), user_id, str(head), cache, history=interrupted):
+            raise Unreadable(f"commit {str(head)[:12]} or an object it needs is unreadable")
     except Unreadable as problem:
-        head = _repair(repo, lock, user_id, str(problem), base, cache)
-        _roll_back(repo, lock, users_dir, user_id, head, None, cache)
+        head = _repair(repo(), lock, user_id, str(problem), base, cache)
+        _roll_back(repo(), lock, users_dir, user_id, head, None, cache)
     else:
         if journal is not None:
             labels = journal.labels
-            _roll_back(repo, lock, users_dir, user_id, head, labels, cache, journal.records)
+            _roll_back(repo(), lock, users_dir, user_id, head, labels, cache, journal.records)
     return head
 
 

@@ -53,6 +53,7 @@ from durable_memory.memory.store.git.advertisement import (
     served_main,
 )
 from durable_memory.memory.store.git.commits import git_process, run_git
+from durable_memory.memory.store.git.opener import RepoOpener
 from durable_memory.memory.store.git.refs import (
     BRANCH_REF,
     FULL_SHA,
@@ -249,12 +250,12 @@ class RemoteGitBlockStore(GitBlockStore):
                 super().forget_user(user_id)  # a clone left from before a forget: stale
                 raise UnknownUser(f"user '{user_id}' has no memory yet")
         with contextlib.ExitStack() as held:
-            repo, lock, _recovered = self._hold(held, user_id, create)
-            head = self._sync(repo, lock, user_id)
+            opener, lock, _recovered = self._hold(held, user_id, create)
+            head = self._sync(opener, lock, user_id)
             if head is None and not create:
                 raise UnknownUser(f"user '{user_id}' has no memory yet")
             yield RemoteTransaction(
-                repo=repo,
+                open_repo=opener,
                 lock=lock,
                 user_id=user_id,
                 users_dir=self.users_dir,
@@ -288,12 +289,12 @@ class RemoteGitBlockStore(GitBlockStore):
         finally:
             self._pins.users = outer
 
-    def _sync(self, repo: git.Repo, lock: int, user_id: str) -> str | None:
+    def _sync(self, repo: RepoOpener, lock: int, user_id: str) -> str | None:
         """Make the clone's main, index and files exactly the remote's main; return it (None
         while the user has none). Asks the remote for its tip first (no git process) and
-        fetches only when the clone does not have it."""
+        fetches only when the clone does not have it (the one case that opens `repo`)."""
         pins: dict[str, str | None] | None = getattr(self._pins, "users", None)
-        git_dir = Path(repo.git_dir)
+        git_dir = repo.git_dir
         if pins is not None and user_id in pins and read_head(git_dir) == pins[user_id]:
             return pins[user_id]
         tip = self._remote_tip(user_id)
@@ -301,7 +302,7 @@ class RemoteGitBlockStore(GitBlockStore):
             if pins is not None:
                 pins[user_id] = tip
             return tip
-        head = self._fetch_and_reset(repo, lock, user_id)
+        head = self._fetch_and_reset(repo(), lock, user_id)
         if pins is not None:
             pins[user_id] = head
         return head

@@ -23,10 +23,10 @@ from durable_memory.memory.core.errors import (
 )
 from durable_memory.memory.core.ids import validate_sha, validate_user_id
 from durable_memory.memory.store.bare_repos import discard_tree
-from durable_memory.memory.store.git.commits import SAFE_GIT_CONFIG
 from durable_memory.memory.store.git.layout import block_path
 from durable_memory.memory.store.git.locking import user_lock
 from durable_memory.memory.store.git.messages import commit_info
+from durable_memory.memory.store.git.opener import RepoOpener
 from durable_memory.memory.store.git.recovery import recover
 from durable_memory.memory.store.git.snapshots import SnapshotCache
 from durable_memory.memory.store.git.transaction import RepoTransaction
@@ -149,9 +149,9 @@ class GitBlockStore:
     def transaction(self, user_id: str, *, create: bool = False) -> Iterator[RepoTransaction]:
         """Hold the user's write lock; recover from a write interrupted by a crash."""
         with contextlib.ExitStack() as held:
-            repo, lock, head = self._hold(held, user_id, create)
+            opener, lock, head = self._hold(held, user_id, create)
             yield RepoTransaction(
-                repo=repo,
+                open_repo=opener,
                 lock=lock,
                 user_id=user_id,
                 users_dir=self.users_dir,
@@ -161,9 +161,10 @@ class GitBlockStore:
 
     def _hold(
         self, held: contextlib.ExitStack, user_id: str, create: bool
-    ) -> tuple[git.Repo, int, str | None]:
+    ) -> tuple[RepoOpener, int, str | None]:
         """The user's repository under their lock, repaired after any crash (entered on
-        `held`): the repository, the lock's descriptor and HEAD (verified readable). A missing
+        `held`): the repository (opened at its first use), the lock's descriptor and HEAD
+        (verified readable). A missing
         one is `_make`'s to make or refuse, also when it is deleted while this waits for its
         lock (a forget), a bounded number of times."""
         gone = False
@@ -175,9 +176,8 @@ class GitBlockStore:
             except FileNotFoundError:  # deleted while this waited for its lock
                 gone = True
                 continue
-            repo = held.enter_context(git.Repo(self.repo_path(user_id)))
-            repo.git.set_persistent_git_options(c=SAFE_GIT_CONFIG)
-            return repo, lock, recover(repo, lock, self.users_dir, user_id, self.cache)
+            opener = RepoOpener(self.repo_path(user_id), held)
+            return opener, lock, recover(opener, lock, self.users_dir, user_id, self.cache)
         raise StoreBusy(
             f"the repository of user '{user_id}' was deleted {HOLD_ATTEMPTS} times while this "
             "waited for it; try again"

@@ -24,6 +24,7 @@ from durable_memory.memory.store.git.layout import (
     open_user_dir,
 )
 from durable_memory.memory.store.git.messages import commit_info, message_text, parse_trailers
+from durable_memory.memory.store.git.opener import RepoOpener
 from durable_memory.memory.store.git.refs import FULL_SHA
 from durable_memory.memory.store.git.snapshots import Snapshot, SnapshotCache, load_snapshot
 from durable_memory.memory.store.safe_files import decode_utf8, read_bytes_at
@@ -48,7 +49,9 @@ _RECORD_COMMANDS = {PROFILE_FILE: "dmem profile set", POLICIES_FILE: "dmem polic
 class RepoTransaction:
     """Read-modify-write access to one user's repository while holding its lock."""
 
-    repo: git.Repo
+    open_repo: RepoOpener
+    """The repository, opened at its first use (`repo`): a read of cached snapshots needs
+    none."""
     lock: int
     """The descriptor holding the user's flock, passed on to the git commands that write."""
     user_id: str
@@ -58,9 +61,16 @@ class RepoTransaction:
     read once per transaction."""
     cache: SnapshotCache = field(default_factory=SnapshotCache)
 
+    @property
+    def repo(self) -> git.Repo:
+        return self.open_repo()
+
     def snapshot(self, sha: str) -> Snapshot:
         """The commit's block files and author (cached); `sha` must be a full commit id."""
-        return load_snapshot(self.repo, self.user_id, sha, self.cache)
+        found = self.cache.get(self.user_id, sha)  # without opening the repository
+        if found is None:
+            found = load_snapshot(self.repo, self.user_id, sha, self.cache)
+        return found
 
     def read(self, label: str, sha: str | None = None) -> str | None:
         """The block file at `sha` (default HEAD), or None if it does not exist there.
