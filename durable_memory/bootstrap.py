@@ -67,7 +67,7 @@ class MemoryStack(MemoryFaces):
     def pinned(self) -> Iterator[None]:
         """One activity's work: its reads of a user's repository see one state of it (with a
         git remote, the remote is asked once per user: `RemoteGitBlockStore.pinned`), and its
-        lone SQL statements share one connection (`one_connection`, PostgreSQL)."""
+        lone SQL statements share one pooled connection (`one_connection`)."""
         with self.git.pinned(), one_connection(self.engine):
             yield
 

@@ -107,6 +107,18 @@ def test_a_failed_statement_gives_its_connection_back(engine: Engine) -> None:
 
 
 @pytest.mark.postgres
+def test_an_inner_failure_leaves_the_outer_blocks_connection(engine: Engine) -> None:
+    """Nested blocks share the connection; a failure inside the inner one that the outer
+    code catches must not close the connection the outer block is still using."""
+    with one_connection(engine), reading(engine) as outer:
+        _insert(engine, 1)
+        with pytest.raises(IntegrityError):
+            _insert(engine, 1)
+        assert outer.execute(text("SELECT count(*) FROM notes")).scalar_one() == 1
+    assert _checked_out(engine) == 0
+
+
+@pytest.mark.postgres
 def test_a_transaction_in_the_block_has_a_connection_of_its_own(engine: Engine) -> None:
     with one_connection(engine):
         _insert(engine, 1)

@@ -145,6 +145,10 @@ class _HeldConnection:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.connection: Connection | None = None
+        self.depth = 0
+        """`reading` blocks open on it: one nested in another shares its connection, and
+        only the outermost gives it back (an inner failure the outer catches leaves the
+        outer's connection in place, as when each block had its own)."""
 
     @contextlib.contextmanager
     def use(self) -> Iterator[Connection]:
@@ -153,13 +157,17 @@ class _HeldConnection:
             if self.engine.dialect.name == "postgresql":
                 connection = connection.execution_options(isolation_level="AUTOCOMMIT")
             self.connection = connection
+        self.depth += 1
         try:
             yield self.connection
         except BaseException:
-            self.release()
+            self.depth -= 1
+            if not self.depth:
+                self.release()
             raise
+        self.depth -= 1
         driver = self.connection.connection.driver_connection
-        if isinstance(driver, sqlite3.Connection) and driver.in_transaction:
+        if not self.depth and isinstance(driver, sqlite3.Connection) and driver.in_transaction:
             self.release()
 
     def release(self) -> None:

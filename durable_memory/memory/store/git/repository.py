@@ -164,9 +164,8 @@ class GitBlockStore:
     ) -> tuple[RepoOpener, int, str | None]:
         """The user's repository under their lock, repaired after any crash (entered on
         `held`): the repository (opened at its first use), the lock's descriptor and HEAD
-        (verified readable). A missing
-        one is `_make`'s to make or refuse, also when it is deleted while this waits for its
-        lock (a forget), a bounded number of times."""
+        (verified readable). A missing one is `_make`'s to make or refuse, also when it is
+        deleted while this waits for its lock (a forget), a bounded number of times."""
         gone = False
         for _ in range(HOLD_ATTEMPTS):
             if not self._is_repository(user_id):
