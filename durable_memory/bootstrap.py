@@ -67,8 +67,14 @@ class MemoryStack(MemoryFaces):
     def pinned(self) -> Iterator[None]:
         """One activity's work: its reads of a user's repository see one state of it (with a
         git remote, the remote is asked once per user: `RemoteGitBlockStore.pinned`), and its
-        lone SQL statements share one pooled connection (`one_connection`)."""
-        with self.git.pinned(), one_connection(self.engine):
+        lone SQL statements share one pooled connection per engine (`one_connection`): the
+        memory database's, and a PostgreSQL archive's own (its count, every turn)."""
+        with contextlib.ExitStack() as held:
+            held.enter_context(self.git.pinned())
+            archive_engine = getattr(self.archive, "engine", None)
+            for engine in (self.engine, archive_engine):
+                if isinstance(engine, Engine):
+                    held.enter_context(one_connection(engine))
             yield
 
     def compile(self, user_id: str, summarizer: Summarizer | None = None) -> CompiledContext:

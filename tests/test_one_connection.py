@@ -174,3 +174,22 @@ def test_a_turns_first_activity_checks_out_one_connection(
             stack.close()
     # the second (warm) turn's statements, some 15, ran on one checked-out connection
     assert len(seen) == 1
+
+
+@pytest.mark.postgres
+def test_the_stacks_pin_holds_the_postgresql_archives_engine_too(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    stack = open_stack(
+        tmp_path / "data", fresh_schema_url(postgres_url), archive_backend="postgres"
+    )
+    archive_engine = getattr(stack.archive, "engine", None)
+    assert isinstance(archive_engine, Engine)
+    assert archive_engine is not stack.engine  # a pool of its own
+    try:
+        with _checkouts(archive_engine) as archived, stack.pinned():
+            for _ in range(3):
+                assert stack.archive.count("alice") == 0
+        assert len(archived) == 1
+    finally:
+        stack.close()
