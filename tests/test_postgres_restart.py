@@ -2,7 +2,8 @@
 
 A pooled connection idle for longer than `PING_AFTER_IDLE_S` is pinged before use and
 replaced if dead, so after a restart the next call of every store succeeds and nothing is
-lost. A connection used within that window is trusted: the one statement that meets it
+lost; one held across an activity's statements (`one_connection`) is pinged itself once it sat
+unused past that bound. A connection used within that window is trusted: the one statement that meets it
 fails with a transient error (an activity retries it) and the pool drops every connection
 made before, so the next calls succeed. A database that is down gives a transient error at
 once, never a hang. Each test runs its own server (it restarts it), not the session's.
@@ -22,7 +23,7 @@ from durable_memory.memory.archive.embedders import default_embedder
 from durable_memory.memory.archive.postgres import PostgresArchive
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.redaction.gate import RedactionGate
-from durable_memory.memory.store.sql import PING_AFTER_IDLE_S, create_sql_engine
+from durable_memory.memory.store.sql import PING_AFTER_IDLE_S, create_sql_engine, one_connection
 from durable_memory.memory.store.users import UserDirectory
 from durable_memory.models.archive import ArchiveSearch, NewPassage, PassageSource
 from durable_memory.models.recall import MessageRole, NewMessage
@@ -109,6 +110,37 @@ def test_a_connection_used_just_before_a_restart_fails_one_statement_then_the_po
     # The pool dropped every connection made before the failure, not only the one that met it.
     _write_and_read(engine, "t2")
     assert len(_backends(engine)) == POOLED
+    assert _state(engine) == (["ada"], ["hello t1", "hello t2"])
+    engine.dispose()
+
+
+def test_a_connection_held_across_a_restart_is_pinged_after_its_idle_bound(
+    server: PostgresServer,
+) -> None:
+    """Within `one_connection` (an activity), the held connection is not checked out again,
+    so it is pinged itself when it sat unused past the bound (a model call, a restart
+    meanwhile): the step's next statement succeeds on a fresh connection."""
+    engine = _engine(server.url)
+    with one_connection(engine):
+        _write_and_read(engine, "t1")
+        server.restart()
+        time.sleep(PING_AFTER_IDLE_S + 0.2)
+        _write_and_read(engine, "t2")  # no statement meets the dead connection
+    assert _state(engine) == (["ada"], ["hello t1", "hello t2"])
+    engine.dispose()
+
+
+def test_a_held_connection_used_just_before_a_restart_fails_one_statement_then_a_fresh_one(
+    server: PostgresServer,
+) -> None:
+    engine = _engine(server.url, ping_after_idle_s=3600)
+    with one_connection(engine):
+        _write_and_read(engine, "t1")
+        server.restart()
+        with pytest.raises(OperationalError) as failed:
+            UserDirectory(engine).refuse_if_forgotten("ada")
+        assert is_transient(failed.value)
+        _write_and_read(engine, "t2")  # the failed connection was given back: a fresh one
     assert _state(engine) == (["ada"], ["hello t1", "hello t2"])
     engine.dispose()
 

@@ -13,6 +13,7 @@ import functools
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -89,6 +90,11 @@ PING_AFTER_IDLE_S = 1.0
 handed out again; see `ping_when_idle`."""
 
 
+_PING_AFTER_IDLE: "weakref.WeakKeyDictionary[Engine, float]" = weakref.WeakKeyDictionary()
+"""Each engine's `ping_when_idle` bound, which a connection held across statements
+(`one_connection`) applies itself: the pool's checkout is where it is otherwise applied."""
+
+
 def ping_when_idle(engine: Engine, idle_s: float) -> None:
     """Check a pooled connection before use only when it sat idle for over `idle_s` seconds.
 
@@ -100,6 +106,8 @@ def ping_when_idle(engine: Engine, idle_s: float) -> None:
     statement that meets the closed connection fails (a transient error, which the activity's
     retry repeats) and the pool drops every connection made before it, so the next checkout
     connects afresh. `tests/test_postgres_restart.py` proves both halves."""
+
+    _PING_AFTER_IDLE[engine] = idle_s
 
     @event.listens_for(engine, "checkin")
     def _checked_in(_dbapi_connection: Any, record: Any) -> None:
@@ -145,6 +153,7 @@ class _HeldConnection:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.connection: Connection | None = None
+        self.used_at = 0.0
         self.depth = 0
         """`reading` blocks open on it: one nested in another shares its connection, and
         only the outermost gives it back (an inner failure the outer catches leaves the
@@ -152,6 +161,8 @@ class _HeldConnection:
 
     @contextlib.contextmanager
     def use(self) -> Iterator[Connection]:
+        if not self.depth:
+            self._drop_if_dead()
         if self.connection is None:
             connection = self.engine.connect()
             if self.engine.dialect.name == "postgresql":
@@ -166,8 +177,27 @@ class _HeldConnection:
                 self.release()
             raise
         self.depth -= 1
+        self.used_at = time.monotonic()
         driver = self.connection.connection.driver_connection
         if not self.depth and isinstance(driver, sqlite3.Connection) and driver.in_transaction:
+            self.release()
+
+    def _drop_if_dead(self) -> None:
+        """Held unused for longer than the engine's idle bound (a long model call, say), it is
+        pinged, as the pool pings an idle connection at checkout (`ping_when_idle`): a
+        database restarted or a proxy's idle cut meanwhile costs no statement, since a dead
+        one is invalidated and the next statement checks out a fresh one."""
+        idle_s = _PING_AFTER_IDLE.get(self.engine)
+        connection = self.connection
+        if connection is None or idle_s is None or time.monotonic() - self.used_at <= idle_s:
+            return
+        try:
+            dbapi_connection = connection.connection.dbapi_connection
+            if dbapi_connection is None:
+                raise DisconnectionError("the held connection has no driver connection")
+            self.engine.dialect.do_ping(dbapi_connection)
+        except Exception:
+            connection.invalidate()
             self.release()
 
     def release(self) -> None:
