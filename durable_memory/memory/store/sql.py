@@ -125,11 +125,15 @@ def ping_when_idle(engine: Engine, idle_s: float) -> None:
             raise DisconnectionError(f"a pooled connection is dead: {dead}") from dead
 
 
-POOL_OVERFLOW = 40
-"""Connections a PostgreSQL engine opens beyond the 5 it keeps (SQLAlchemy's default 10):
-within `one_connection` an activity thread holds one connection for its lone statements and
-may take a second for a transaction, so a worker's 16 activity threads need up to 32 at once.
-With fewer, threads that each held one could all wait for a second until the pool's timeout."""
+POOL_SIZE = 16
+"""Connections a PostgreSQL engine keeps open between uses (SQLAlchemy's default 5): one per
+activity thread of a worker (16), each of which holds one for its activity's statements
+(`one_connection`). With 5, every activity past the fifth running at once opened a connection
+of its own, a new PostgreSQL backend (a process), and closed it when the activity ended."""
+POOL_OVERFLOW = 29
+"""Connections it may open beyond those (SQLAlchemy's default 10), 45 in all: a thread that
+holds one may take a second for a transaction, so 16 threads need up to 32 at once. With
+fewer, threads that each held one could all wait for a second until the pool's timeout."""
 
 
 class _Held(threading.local):
@@ -312,7 +316,7 @@ def create_sql_engine(url: str, *, ping_after_idle_s: float = PING_AFTER_IDLE_S)
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
     if not url.startswith("sqlite"):
-        engine = create_engine(url, max_overflow=POOL_OVERFLOW)
+        engine = create_engine(url, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW)
         ping_when_idle(engine, ping_after_idle_s)
         return engine
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": LOCK_WAIT_S})
