@@ -1,4 +1,4 @@
-"""A transaction opens GitPython's `git.Repo` only when it needs git (store/git/opener.py):
+"""A transaction opens GitPython's `git.Repo` only when it needs git (store/git/commits.py):
 the usual turn reads blocks the snapshot cache holds, and its two transactions (the user's
 repository checked, the blocks read) each paid ~0.6 ms to open one for nothing. Counted, not
 timed: a warm read opens none; a write, a history read, a cold cache and the recovery of an
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from durable_memory.bootstrap import MemoryStack, open_stack
-from durable_memory.memory.store.git import opener
+from durable_memory.memory.store.git import commits
 from durable_memory.memory.store.git.layout import block_path
 from durable_memory.memory.store.git.locking import LOCK_FILE
 from durable_memory.models.history import Author, AuthorKind
@@ -32,14 +32,14 @@ def stack(tmp_path: Path) -> Iterator[MemoryStack]:
 def opened(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
     """How many repositories were opened, by work tree."""
     counts: collections.Counter[str] = collections.Counter()
-    real = opener.RepoOpener.__call__
+    real = commits.RepoOpener.__call__
 
-    def counting(self: opener.RepoOpener) -> object:
+    def counting(self: commits.RepoOpener) -> object:
         if self._repo is None:
             counts[self.work_tree.name] += 1
         return real(self)
 
-    monkeypatch.setattr(opener.RepoOpener, "__call__", counting)
+    monkeypatch.setattr(commits.RepoOpener, "__call__", counting)
     return counts
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import git
 
 from durable_memory.memory.core.errors import DamagedRepository
-from durable_memory.memory.store.git.commits import run_git
+from durable_memory.memory.store.git.commits import RepoOpener, run_git
 from durable_memory.memory.store.git.journal import clear_journal, read_journal
 from durable_memory.memory.store.git.layout import (
     BLOCKS_DIR,
@@ -26,7 +26,6 @@ from durable_memory.memory.store.git.layout import (
     open_user_dir,
 )
 from durable_memory.memory.store.git.locking import LOCK_FILE
-from durable_memory.memory.store.git.opener import RepoOpener
 from durable_memory.memory.store.git.refs import (
     BRANCH_REF,
     FULL_SHA,

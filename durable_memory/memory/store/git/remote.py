@@ -52,8 +52,7 @@ from durable_memory.memory.store.git.advertisement import (
     remote_main,
     served_main,
 )
-from durable_memory.memory.store.git.commits import git_process, run_git
-from durable_memory.memory.store.git.opener import RepoOpener
+from durable_memory.memory.store.git.commits import RepoOpener, git_process, run_git
 from durable_memory.memory.store.git.refs import (
     BRANCH_REF,
     FULL_SHA,

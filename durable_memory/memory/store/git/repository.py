@@ -23,10 +23,10 @@ from durable_memory.memory.core.errors import (
 )
 from durable_memory.memory.core.ids import validate_sha, validate_user_id
 from durable_memory.memory.store.bare_repos import discard_tree
+from durable_memory.memory.store.git.commits import RepoOpener
 from durable_memory.memory.store.git.layout import block_path
 from durable_memory.memory.store.git.locking import user_lock
 from durable_memory.memory.store.git.messages import commit_info
-from durable_memory.memory.store.git.opener import RepoOpener
 from durable_memory.memory.store.git.recovery import recover
 from durable_memory.memory.store.git.snapshots import SnapshotCache
 from durable_memory.memory.store.git.transaction import RepoTransaction

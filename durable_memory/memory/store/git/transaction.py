@@ -13,7 +13,7 @@ from pathlib import Path
 import git
 
 from durable_memory.memory.core.errors import HandEditPending, UnknownCommit, UnsafeFile
-from durable_memory.memory.store.git.commits import write_commit
+from durable_memory.memory.store.git.commits import RepoOpener, write_commit
 from durable_memory.memory.store.git.layout import (
     BLOCKS_DIR,
     POLICIES_FILE,
@@ -24,7 +24,6 @@ from durable_memory.memory.store.git.layout import (
     open_user_dir,
 )
 from durable_memory.memory.store.git.messages import commit_info, message_text, parse_trailers
-from durable_memory.memory.store.git.opener import RepoOpener
 from durable_memory.memory.store.git.refs import FULL_SHA
 from durable_memory.memory.store.git.snapshots import Snapshot, SnapshotCache, load_snapshot
 from durable_memory.memory.store.safe_files import decode_utf8, read_bytes_at
