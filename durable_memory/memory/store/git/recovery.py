@@ -12,8 +12,6 @@ import stat
 import zlib
 from pathlib import Path
 
-import git
-
 from durable_memory.memory.core.errors import DamagedRepository
 from durable_memory.memory.store.git.commits import RepoOpener, run_git
 from durable_memory.memory.store.git.journal import clear_journal, read_journal
@@ -66,17 +64,15 @@ def recover(
     base = journal.base if journal else None
     try:
         head = read_head(git_dir)
-        # Uninterrupted, a cached snapshot of HEAD is what `_readable` would find: read.
-        unchecked = head is not None and (interrupted or cache.get(user_id, head) is None)
-        if unchecked and not _readable(repo(), user_id, str(head), cache, history=interrupted):
-            raise Unreadable(f"commit {str(head)[:12]} or an object it needs is unreadable")
+        if head is not None and not _readable(repo, user_id, head, cache, history=interrupted):
+            raise Unreadable(f"commit {head[:12]} or an object it needs is unreadable")
     except Unreadable as problem:
-        head = _repair(repo(), lock, user_id, str(problem), base, cache)
-        _roll_back(repo(), lock, users_dir, user_id, head, None, cache)
+        head = _repair(repo, lock, user_id, str(problem), base, cache)
+        _roll_back(repo, lock, users_dir, user_id, head, None, cache)
     else:
         if journal is not None:
             labels = journal.labels
-            _roll_back(repo(), lock, users_dir, user_id, head, labels, cache, journal.records)
+            _roll_back(repo, lock, users_dir, user_id, head, labels, cache, journal.records)
     return head
 
 
@@ -131,27 +127,27 @@ def _remove_corrupt_objects(git_dir: Path, user_id: str) -> None:
 
 
 def _readable(
-    repo: git.Repo, user_id: str, sha: str, cache: SnapshotCache, *, history: bool = True
+    repo: RepoOpener, user_id: str, sha: str, cache: SnapshotCache, *, history: bool = True
 ) -> bool:
     """The commit and its block files read; with `history`, every object it reaches exists
     too (asked after corrupt loose objects were removed, so an object that exists reads).
     Without, a commit whose blocks are cached costs nothing: the common case."""
     try:
         if history:
-            repo.git.rev_list("--objects", "--quiet", sha)
+            repo().git.rev_list("--objects", "--quiet", sha)
         load_snapshot(repo, user_id, sha, cache)
     except UNREADABLE_OBJECT:
-        repo.git.clear_cache()  # a `cat-file` that met a bad object is not reused
+        repo().git.clear_cache()  # a `cat-file` that met a bad object is not reused
         return False
     return True
 
 
 def _repair(
-    repo: git.Repo, lock: int, user_id: str, problem: str, base: str | None, cache: SnapshotCache
+    repo: RepoOpener, lock: int, user_id: str, problem: str, base: str | None, cache: SnapshotCache
 ) -> str:
     """Point HEAD's ref at the newest commit whose history is readable, from the reflog or the
     journal's base, and drop the reflog lines and index entries naming lost objects."""
-    git_dir = Path(repo.git_dir)
+    git_dir = repo.git_dir
     log.warning("user '%s': the repository is damaged (%s); repairing it", user_id, problem)
     _remove_corrupt_objects(git_dir, user_id)
     ref = BRANCH_REF
@@ -177,8 +173,8 @@ def _repair(
             write_git_file(git_dir, f"logs/{log_ref}", "".join(f"{line}\n" for line in kept))
     # The index may name objects lost with the commits; unreachable now, those commits and
     # trees still name what is missing (fsck reports them), so they go too.
-    run_git(repo, lock, "reset", "--quiet")
-    run_git(repo, lock, "prune", "--expire=now")
+    run_git(repo(), lock, "reset", "--quiet")
+    run_git(repo(), lock, "prune", "--expire=now")
     log.warning("user '%s': reset %s to %s, the newest readable commit", user_id, ref, good)
     return good
 
@@ -196,7 +192,7 @@ def _reflog_until(entries: list[tuple[str, str, str]], good: str) -> list[str]:
 
 
 def _roll_back(
-    repo: git.Repo,
+    repo: RepoOpener,
     lock: int,
     users_dir: Path,
     user_id: str,
@@ -213,7 +209,7 @@ def _roll_back(
     snapshot = load_snapshot(repo, user_id, head, cache) if head else None
     blocks = snapshot.blocks if snapshot else {}
     set_aside = labels is None
-    git_dir = Path(repo.git_dir)
+    git_dir = repo.git_dir
     with open_blocks_dir(users_dir, user_id, create=True) as fd:
         if labels is None:
             on_disk = [block_label(name) for name in os.listdir(fd)]
@@ -230,9 +226,9 @@ def _roll_back(
                 _put_back(top, name, wanted, set_aside, git_dir, user_id)
         paths.extend(records)
     if paths and head is not None:
-        run_git(repo, lock, "reset", "--quiet", "--", *paths)
+        run_git(repo(), lock, "reset", "--quiet", "--", *paths)
     elif paths:  # a first commit interrupted after staging: no HEAD to reset the index to
-        run_git(repo, lock, "rm", "--cached", "--quiet", "--ignore-unmatch", "--", *paths)
+        run_git(repo(), lock, "rm", "--cached", "--quiet", "--ignore-unmatch", "--", *paths)
     clear_journal(git_dir)
     log.warning("user '%s': put %s back as at HEAD", user_id, ", ".join(labels) or "nothing")
 

@@ -7,7 +7,7 @@ import stat
 import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import git
@@ -141,11 +141,14 @@ def _entry_kind(mode: int) -> str:
     return kind_of(mode)
 
 
-def load_snapshot(repo: git.Repo, user_id: str, sha: str, cache: SnapshotCache) -> Snapshot:
-    """The snapshot of commit `sha` (a full id), from the cache or else from git's objects."""
+def load_snapshot(
+    repo: Callable[[], git.Repo], user_id: str, sha: str, cache: SnapshotCache
+) -> Snapshot:
+    """The snapshot of commit `sha` (a full id), from the cache or else from git's objects:
+    `repo` opens the repository (commits.RepoOpener), which a cached commit never needs."""
     found = cache.get(user_id, sha)
     if found is None:
-        commit = repo.commit(sha)
+        commit = repo().commit(sha)
         blocks, refused = _read_tree_blocks(commit)
         records = _read_records(commit, refused)
         for path, why in refused.items():

@@ -66,10 +66,7 @@ class RepoTransaction:
 
     def snapshot(self, sha: str) -> Snapshot:
         """The commit's block files and author (cached); `sha` must be a full commit id."""
-        found = self.cache.get(self.user_id, sha)  # without opening the repository
-        if found is None:
-            found = load_snapshot(self.repo, self.user_id, sha, self.cache)
-        return found
+        return load_snapshot(self.open_repo, self.user_id, sha, self.cache)
 
     def read(self, label: str, sha: str | None = None) -> str | None:
         """The block file at `sha` (default HEAD), or None if it does not exist there.
