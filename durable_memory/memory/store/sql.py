@@ -116,13 +116,25 @@ def ping_when_idle(engine: Engine, idle_s: float) -> None:
     @event.listens_for(engine, "checkout")
     def _checked_out(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
         since = record.info.get("idle_since")  # none: a connection made for this checkout
-        if since is None or time.monotonic() - since <= idle_s:
-            return
-        try:
-            engine.dialect.do_ping(dbapi_connection)
-        except Exception as dead:
-            # The documented way to have the pool replace it (and retry the checkout).
-            raise DisconnectionError(f"a pooled connection is dead: {dead}") from dead
+        if since is not None and time.monotonic() - since > idle_s:
+            # DisconnectionError: the documented way to have the pool replace it (and retry
+            # the checkout).
+            _ping(engine, dbapi_connection)
+
+
+def _ping(engine: Engine, dbapi_connection: Any) -> None:
+    """DisconnectionError if the driver connection is dead."""
+    try:
+        engine.dialect.do_ping(dbapi_connection)
+    except Exception as dead:
+        raise DisconnectionError(f"a pooled connection is dead: {dead}") from dead
+
+
+def _for_lone_statements(engine: Engine, connection: Connection) -> Connection:
+    """`connection` for lone statements: in autocommit on PostgreSQL (see `reading`)."""
+    if engine.dialect.name == "postgresql":
+        return connection.execution_options(isolation_level="AUTOCOMMIT")
+    return connection
 
 
 POOL_SIZE = 16
@@ -168,10 +180,7 @@ class _HeldConnection:
         if not self.depth:
             self._drop_if_dead()
         if self.connection is None:
-            connection = self.engine.connect()
-            if self.engine.dialect.name == "postgresql":
-                connection = connection.execution_options(isolation_level="AUTOCOMMIT")
-            self.connection = connection
+            self.connection = _for_lone_statements(self.engine, self.engine.connect())
         self.depth += 1
         try:
             yield self.connection
@@ -196,11 +205,8 @@ class _HeldConnection:
         if connection is None or idle_s is None or time.monotonic() - self.used_at <= idle_s:
             return
         try:
-            dbapi_connection = connection.connection.dbapi_connection
-            if dbapi_connection is None:
-                raise DisconnectionError("the held connection has no driver connection")
-            self.engine.dialect.do_ping(dbapi_connection)
-        except Exception:
+            _ping(self.engine, connection.connection.dbapi_connection)
+        except DisconnectionError:
             connection.invalidate()
             self.release()
 
@@ -245,9 +251,7 @@ def reading(engine: Engine) -> Iterator[Connection]:
             yield connection
         return
     with engine.connect() as connection:
-        if engine.dialect.name == "postgresql":
-            connection = connection.execution_options(isolation_level="AUTOCOMMIT")
-        yield connection
+        yield _for_lone_statements(engine, connection)
 
 
 @contextlib.contextmanager
