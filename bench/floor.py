@@ -1,7 +1,8 @@
 """The floors: bare workflows with the same number and kind of activities as ours, on the
 same server, worker settings and data converter. (A module of workflows, passed through the
-floors' sandbox as ours are (`FLOOR_WORKFLOW_RUNNER`); it imports nothing of ours, so the memory
-floor carries none of it; the activities that do real work, a model call and a commit, are in
+floors' sandbox as ours are (`FLOOR_WORKFLOW_RUNNER`); of ours it imports only that sandbox
+runner (durable_memory/workers/sandbox.py, temporalio alone), so the memory floor carries
+nothing else of ours; the activities that do real work, a model call and a commit, are in
 floor_activities.py and named here by their type.)
 
 - `FloorTurnWorkflow`, `FloorDecisionWorkflow`: no-op activities in the shape the turn had
@@ -19,17 +20,20 @@ from pathlib import Path
 
 from pydantic import BaseModel
 from temporalio import activity, workflow
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+from temporalio.worker.workflow_sandbox import SandboxRestrictions
+
+from durable_memory.workers.sandbox import sandboxed_runner
 
 TIMEOUT = timedelta(seconds=30)
 
-FLOOR_WORKFLOW_RUNNER = SandboxedWorkflowRunner(
-    restrictions=SandboxRestrictions.default.with_passthrough_modules("bench")
+FLOOR_WORKFLOW_RUNNER = sandboxed_runner(
+    SandboxRestrictions.default.with_passthrough_modules("bench")
 )
 """The floors' sandbox passes this module through, as ours passes durable_memory
 (durable_memory/workers/worker.py, WORKFLOW_RUNNER): otherwise each floor run imports this
 module afresh and builds its pydantic models again, ~10 ms a turn on a slow machine, and the
-floor is not the limit a skeptic would take."""
+floor is not the limit a skeptic would take. It compiles the sandbox's snippets once, as ours
+does (durable_memory/workers/sandbox.py, which imports nothing else of ours)."""
 
 
 class FloorInput(BaseModel):

@@ -43,7 +43,6 @@ from temporalio.worker import (
     Interceptor,
     Worker,
 )
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from bench.common import (
     CpuMeter,
@@ -65,6 +64,7 @@ from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.client import MemoryClient
 from durable_memory.memory.agent.llm import AnthropicModel
 from durable_memory.workers.dev_server import start_dev_server
+from durable_memory.workers.sandbox import sandboxed_runner
 from durable_memory.workers.worker import (
     ACTIVITY_THREADS,
     WORKFLOW_RUNNER,
@@ -290,8 +290,8 @@ async def main_async(turns: int, user_counts: list[int], leg_turns: int, out: Pa
             max_concurrent_activities=ACTIVITY_THREADS,
             # build_worker's, with the floor's module passed through as well (as the floor
             # worker's FLOOR_WORKFLOW_RUNNER): neither side imports its workflows per run
-            workflow_runner=SandboxedWorkflowRunner(
-                restrictions=WORKFLOW_RUNNER.restrictions.with_passthrough_modules("bench")
+            workflow_runner=sandboxed_runner(
+                WORKFLOW_RUNNER.restrictions.with_passthrough_modules("bench")
             ),
             interceptors=[timer],
         )

@@ -14,7 +14,7 @@ from temporalio.client import Client
 from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError
 from temporalio.worker import Worker, WorkflowRunner
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+from temporalio.worker.workflow_sandbox import SandboxRestrictions
 
 from durable_memory.activities.forget import ForgetActivities
 from durable_memory.activities.offered_settings import offer_turn_settings
@@ -28,6 +28,7 @@ from durable_memory.workflows.common import SEARCH_ATTRIBUTES
 from durable_memory.workflows.forget import ForgetWorkflow
 from durable_memory.workflows.redact import RedactWorkflow
 from durable_memory.workflows.rotation import RotationSweepWorkflow, RotationWorkflow
+from durable_memory.workers.sandbox import sandboxed_runner
 from durable_memory.workflows.turn import TurnWorkflow
 
 WORKFLOWS: Sequence[type] = (
@@ -40,8 +41,8 @@ WORKFLOWS: Sequence[type] = (
 log = logging.getLogger(__name__)
 
 ACTIVITY_THREADS = 16
-WORKFLOW_RUNNER = SandboxedWorkflowRunner(
-    restrictions=SandboxRestrictions.default.with_passthrough_modules("durable_memory")
+WORKFLOW_RUNNER = sandboxed_runner(
+    SandboxRestrictions.default.with_passthrough_modules("durable_memory")
 )
 """The sandbox with our own modules passed through: a workflow run no longer imports its
 workflow module (and the packages above it) afresh, which cost ~5 ms of CPU per turn. Safe
@@ -52,7 +53,7 @@ through (`imports_passed_through`). The sandbox's restrictions on calls (builtin
 apply to our workflow code in the tests, which run it in the default sandbox
 (`STRICT_WORKFLOW_RUNNER`). docs/temporal.md ("The sandbox")."""
 
-STRICT_WORKFLOW_RUNNER = SandboxedWorkflowRunner()
+STRICT_WORKFLOW_RUNNER = sandboxed_runner(SandboxRestrictions.default)
 """The default sandbox, every module imported afresh in each run and every module-member check
 on: what the test rigs run our workflows in (tests/support/temporal_helpers.py), so a
 non-deterministic call added to a workflow fails the tests that reach it, not only the

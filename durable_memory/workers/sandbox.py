@@ -1,0 +1,61 @@
+"""temporalio's workflow sandbox, with the code it runs for each call into a run compiled once.
+
+The sandbox (`SandboxedWorkflowRunner`) reaches a workflow run's instance through `exec` of a
+short snippet: one per activation, and two per payload the worker encodes or decodes for the
+run (its serialization context and its external-store context: every activity argument and
+result, search attribute, summary and update answer). temporalio 1.35 passes `exec` the
+snippet's text, so Python compiles it again on every call: ~35 us each on the machine of
+docs/benchmarks.md, dozens of times a turn (one run of bench/pipeline.py made 8,563 such calls;
+py-spy put the compiling at ~4 ms of the worker's CPU per tool-using turn). `CompiledSandboxRunner` hands `exec` the same snippet
+compiled once: the same code, run in the same globals, under the same restrictions; only the
+compilation is shared. It imports nothing of ours, so the benchmarks' floors run on it too.
+
+It overrides one private method of the SDK (`_Instance._run_code`); if a temporalio release
+moves it, `CompiledSandboxRunner` runs as the plain runner (tests/test_workflow_sandbox.py
+says when the installed SDK is not the one this was written against)."""
+
+import functools
+import types
+from dataclasses import dataclass
+from typing import Any, cast
+
+from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+from temporalio.worker.workflow_sandbox import _runner as sdk_runner
+
+SNIPPETS = 64
+"""Distinct snippets kept compiled: a handful per workflow class (their imports name it)."""
+
+_SdkInstance: Any = getattr(sdk_runner, "_Instance", None)
+COMPILES_ONCE = callable(getattr(_SdkInstance, "_run_code", None))
+"""Whether the installed temporalio has the method overridden here (1.35 does)."""
+
+
+@functools.lru_cache(maxsize=SNIPPETS)
+def compiled(code: str) -> types.CodeType:
+    """`code` as `exec(code)` compiles it, once per distinct text."""
+    return compile(code, "<string>", "exec")
+
+
+class _CompiledOnceInstance(_SdkInstance if COMPILES_ONCE else object):  # type: ignore[misc]
+    def _run_code(self, code: str, **extra_globals: Any) -> None:
+        # The SDK's method, handed a code object: `exec` takes either.
+        super()._run_code(cast(str, compiled(code)), **extra_globals)
+
+
+@dataclass(frozen=True)
+class CompiledSandboxRunner(SandboxedWorkflowRunner):
+    """`SandboxedWorkflowRunner` whose instances compile each snippet once (the plain one's,
+    where the installed temporalio lacks the method overridden)."""
+
+    def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
+        if not COMPILES_ONCE:
+            return super().create_instance(det)
+        return cast(
+            WorkflowInstance, _CompiledOnceInstance(det, self.runner_class, self.restrictions)
+        )
+
+
+def sandboxed_runner(restrictions: SandboxRestrictions) -> SandboxedWorkflowRunner:
+    """The sandbox under `restrictions`, compiling its snippets once where the SDK allows."""
+    return CompiledSandboxRunner(restrictions=restrictions)
