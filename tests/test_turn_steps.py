@@ -51,6 +51,29 @@ def test_each_step_writes_at_its_positions(memory: MemoryRig, engine: Engine) ->
     assert (TurnPositions.reply_seq(2), TurnPositions.results_seq(1)) == (2000, 1500)
 
 
+def test_a_first_attempt_calls_the_model_yet_answers_the_reply_stored_first(
+    memory: MemoryRig, engine: Engine
+) -> None:
+    """An activity's first attempt looks up no stored reply (`retried=False`): there is none
+    to find, unless the workflow was reset or a turn id used again. Then the model is called
+    once more, and the reply stored first is still the step's, in recall once."""
+    turn = TurnInput(user_id="alice", turn_id="t1", message="hello")
+    step = StepInput(user_id="alice", turn_id="t1", step=1)
+    script: list[dict[str, Any]] = [{"text": "First."}, {"text": "Second."}]
+    with scripted_steps(memory, engine, script) as (steps, server):
+        first = steps.call_model(step, steps.prepare_context(turn)[1], retried=False)
+        assert len(server.requests) == 1
+        assert steps.call_model(step, retried=True) == first
+        assert len(server.requests) == 1  # a retry finds the stored reply
+        # start_turn's first attempt again, as after a reset: prepare, then the model call
+        again = steps.call_model(step, steps.prepare_context(turn)[1], retried=False)
+        assert len(server.requests) == 2  # looked up nothing: the model was called
+    assert again == first
+    assert first.text == "First."
+    assert TurnStore(engine).reply("alice", "t1", 1) is not None
+    assert [m.content for m in memory.recall.turn("alice", "t1")] == ["hello", "First."]
+
+
 def test_a_step_limit_note_goes_after_every_step(memory: MemoryRig, engine: Engine) -> None:
     result, _ = run_scripted_turn(memory, engine, [{"content": [SEARCH]}], "hi", max_steps=1)
     assert result.stopped_at_step_limit

@@ -31,6 +31,13 @@ from durable_memory.models.turn import (
 )
 
 
+def _retried() -> bool:
+    """Whether this activity ran before (a retry after a crash, a timeout or a failure), so a
+    step it began may have stored its model reply: only then is the stored reply looked up
+    before the model call (`TurnSteps.call_model`)."""
+    return activity.info().attempt > 1
+
+
 def _outcome(diff: PendingDiff, message: str = "") -> DecisionOutcome:
     return DecisionOutcome.of_diff(diff, message)
 
@@ -102,13 +109,14 @@ class TurnActivities:
                     erasures_seen=prepared.erasures_seen,
                 ),
                 context,
+                retried=_retried(),
             )
             return StartedTurn(settings=self.settings, prepared=prepared, first=first)
 
     @activity.defn(name="dmem.call_model")
     def call_model(self, step: StepInput) -> ModelStepResult:
         with classified_errors(), self.stack.pinned():
-            return self.steps.call_model(step)
+            return self.steps.call_model(step, retried=_retried())
 
     @activity.defn(name="dmem.run_tools")
     def run_tools(self, step: StepInput) -> ToolStepResult:
@@ -137,7 +145,8 @@ class TurnActivities:
                 update={"step": step.step + 1, "erasures_seen": tools.erasures_seen}
             )
             return ToolsThenModel(
-                tools=tools.result, next=self.steps.call_model(following, tools.context)
+                tools=tools.result,
+                next=self.steps.call_model(following, tools.context, retried=_retried()),
             )
 
     @activity.defn(name="dmem.finish_turn")

@@ -338,14 +338,19 @@ class TurnSteps:
         return checked
 
     def call_model(
-        self, step: StepInput, context: CompiledContext | None = None
+        self, step: StepInput, context: CompiledContext | None = None, *, retried: bool = True
     ) -> ModelStepResult:
         """One model call; its reply is stored, so a retry does not call the model again.
         Nothing is stored for a user forgotten meanwhile (the call may take a minute).
         `context`: the turn's stored context, if the caller holds it (`prepare_context` or
         `run_tools_in_context` in the same activity, each of which refused a forgotten user
-        moments before: not asked again before the call), else it is read from the store."""
-        reply = self.turns.reply(step.user_id, step.turn_id, step.step)
+        moments before: not asked again before the call), else it is read from the store.
+        `retried=False`: the caller's first attempt (an activity's attempt 1), which has no
+        stored reply to find, so none is looked up. Should one be stored all the same (the
+        workflow was reset, or a turn id was used again), the model is called and the reply
+        stored first is still the step's (`save_reply` keeps the first): one model call more,
+        never a second reply."""
+        reply = self.turns.reply(step.user_id, step.turn_id, step.step) if retried else None
         if reply is None:
             seen = step.erasures_seen
             if context is None:
