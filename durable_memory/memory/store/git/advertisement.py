@@ -10,9 +10,11 @@ one and the deletion of a forgotten user's repository (remote.py)."""
 
 import contextlib
 import http.client
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 from durable_memory.memory.core.errors import GitRemoteRefused, GitRemoteUnavailable
 from durable_memory.memory.store.git.refs import BRANCH_REF, FULL_SHA, Unreadable
@@ -72,7 +74,9 @@ def served_main(repository_url: str, token: str | None) -> str | None:
     repository or no main. `_NotServed` from any other server; `Unreadable` when this server
     could not read this user's repository (another user's may be fine)."""
     try:
-        body = _get(f"{repository_url}/dmem-main", repository_url, token, MAIN_CONTENT_TYPE)
+        body = _get(
+            f"{repository_url}/dmem-main", repository_url, token, MAIN_CONTENT_TYPE, keep_alive=True
+        )
     except _OtherContent:
         raise _NotServed(f"{repository_url} is not dmem git-serve") from None
     except urllib.error.HTTPError as error:
@@ -108,23 +112,102 @@ class _OtherContent(Exception):
     """The server answered, in another content type than asked."""
 
 
-def _get(url: str, repository_url: str, token: str | None, content_type: str) -> bytes:
+def _get(
+    url: str, repository_url: str, token: str | None, content_type: str, *, keep_alive: bool = False
+) -> bytes:
     """GET `url` with the token, its failures named by `git_remote_errors`; the body (at most
     one byte over `_MAX_BYTES`) if it is of `content_type`. Any other HTTP error status is
-    raised as the `HTTPError`."""
-    request = urllib.request.Request(
-        url,
-        headers={"User-Agent": "git/durable-memory", "Cache-Control": "no-cache"}
-        | ({"Authorization": f"Bearer {token}"} if token else {}),
+    raised as the `HTTPError`. `keep_alive`: over this thread's open connection to the server
+    where one can be kept (`_KeptConnections`), else as a request of its own."""
+    headers = {"User-Agent": "git/durable-memory", "Cache-Control": "no-cache"} | (
+        {"Authorization": f"Bearer {token}"} if token else {}
     )
-    with (
-        git_remote_errors(repository_url),
-        urllib.request.urlopen(request, timeout=ADVERTISEMENT_TIMEOUT_S) as response,
-    ):
-        if response.headers.get_content_type() != content_type:
-            raise _OtherContent
-        body: bytes = response.read(_MAX_BYTES + 1)
-    return body
+    with git_remote_errors(repository_url):
+        if keep_alive and (answer := _KEPT.get(url, headers)) is not None:
+            status, reason, reply_headers, body = answer
+            if status >= 400:
+                raise urllib.error.HTTPError(url, status, reason, reply_headers, None)
+            if reply_headers.get_content_type() != content_type:
+                raise _OtherContent
+            return body
+        request = urllib.request.Request(url, headers=headers)
+        with urllib.request.urlopen(request, timeout=ADVERTISEMENT_TIMEOUT_S) as response:
+            if response.headers.get_content_type() != content_type:
+                raise _OtherContent
+            got: bytes = response.read(_MAX_BYTES + 1)
+    return got
+
+
+Answer = tuple[int, str, http.client.HTTPMessage, bytes]
+"""An HTTP answer read whole: status, reason, headers, body (at most `_MAX_BYTES` + 1)."""
+
+_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+"""How a kept connection the server has closed meanwhile fails (its idle timeout)."""
+
+
+class _KeptConnections(threading.local):
+    """One open HTTP/1.1 connection per server and thread, for `dmem-main`, asked before
+    nearly every transaction: a request of its own cost a TCP connection (and, on `dmem
+    git-serve`, a thread) each time, ~1 ms against ~0.4 on loopback. Only where urllib would
+    connect straight to the server: http or https, no credentials in the URL, no proxy for
+    the host (those keep urllib's request of their own). A connection the server closed while
+    idle is opened again once; a redirect, an answer too large or one that ends the
+    connection is not kept."""
+
+    def __init__(self) -> None:
+        self.open: dict[tuple[str, str, int | None], http.client.HTTPConnection] = {}
+
+    def get(self, url: str, headers: dict[str, str]) -> Answer | None:
+        """The answer to GET `url`; None where this cannot ask (the caller asks with urllib)."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or parts.username or parts.hostname is None:
+            return None
+        proxies = urllib.request.getproxies()
+        if parts.scheme in proxies and not urllib.request.proxy_bypass(parts.netloc):
+            return None
+        key = (parts.scheme, parts.hostname, parts.port)
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        kept = self.open.pop(key, None)
+        if kept is not None:
+            try:
+                return self._ask(key, kept, target, headers)
+            except _STALE:
+                kept.close()  # closed by the server while idle: once more, on a new one
+        return self._ask(key, self._connect(key), target, headers)
+
+    @staticmethod
+    def _connect(key: tuple[str, str, int | None]) -> http.client.HTTPConnection:
+        scheme, host, port = key
+        if scheme == "https":
+            return http.client.HTTPSConnection(host, port, timeout=ADVERTISEMENT_TIMEOUT_S)
+        return http.client.HTTPConnection(host, port, timeout=ADVERTISEMENT_TIMEOUT_S)
+
+    def _ask(
+        self,
+        key: tuple[str, str, int | None],
+        connection: http.client.HTTPConnection,
+        target: str,
+        headers: dict[str, str],
+    ) -> Answer | None:
+        try:
+            connection.request("GET", target, headers=headers)
+            response = connection.getresponse()
+            body = response.read(_MAX_BYTES + 1)
+            complete = response.isclosed() or not response.length
+        except BaseException:
+            connection.close()
+            raise
+        if 300 <= response.status < 400:
+            connection.close()
+            return None  # urllib follows redirects: it asks
+        if complete and not response.will_close and len(body) <= _MAX_BYTES:
+            self.open[key] = connection
+        else:
+            connection.close()
+        return response.status, response.reason, response.headers, body
+
+
+_KEPT = _KeptConnections()
 
 
 def main_of_advertisement(body: bytes) -> str | None:
