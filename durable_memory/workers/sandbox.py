@@ -5,10 +5,11 @@ short snippet: one per activation, and two per payload the worker encodes or dec
 run (its serialization context and its external-store context: every activity argument and
 result, search attribute, summary and update answer). temporalio 1.35 passes `exec` the
 snippet's text, so Python compiles it again on every call: ~35 us each on the machine of
-docs/benchmarks.md, dozens of times a turn (one run of bench/pipeline.py made 8,563 such calls;
-py-spy put the compiling at ~4 ms of the worker's CPU per tool-using turn). `CompiledSandboxRunner` hands `exec` the same snippet
-compiled once: the same code, run in the same globals, under the same restrictions; only the
-compilation is shared. It imports nothing of ours, so the benchmarks' floors run on it too.
+docs/benchmarks.md, dozens of times a turn (one run of bench/pipeline.py made 8,563 such
+calls; py-spy put the compiling at ~4 ms of the worker's CPU per tool-using turn).
+`CompiledSandboxRunner` hands `exec` the same snippet compiled once: the same code, run in the
+same globals, under the same restrictions; only the compilation is shared. It imports nothing
+of ours, so the benchmarks' floors run on it too.
 
 It overrides one private method of the SDK (`_Instance._run_code`); if a temporalio release
 moves it, `CompiledSandboxRunner` runs as the plain runner (tests/test_workflow_sandbox.py

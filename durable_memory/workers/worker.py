@@ -24,11 +24,11 @@ from durable_memory.activities.turn import TurnActivities
 from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.config import ConfigError, Settings
 from durable_memory.memory.agent.steps import ChatModel
+from durable_memory.workers.sandbox import sandboxed_runner
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
 from durable_memory.workflows.forget import ForgetWorkflow
 from durable_memory.workflows.redact import RedactWorkflow
 from durable_memory.workflows.rotation import RotationSweepWorkflow, RotationWorkflow
-from durable_memory.workers.sandbox import sandboxed_runner
 from durable_memory.workflows.turn import TurnWorkflow
 
 WORKFLOWS: Sequence[type] = (
