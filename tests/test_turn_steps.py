@@ -74,6 +74,35 @@ def test_a_first_attempt_calls_the_model_yet_answers_the_reply_stored_first(
     assert [m.content for m in memory.recall.turn("alice", "t1")] == ["hello", "First."]
 
 
+@pytest.mark.parametrize("second", ["final", "asks_again"])
+def test_a_first_attempt_that_cannot_ask_again_answers_the_stored_reply(
+    memory: MemoryRig, engine: Engine, second: str
+) -> None:
+    """Step 2 run again as a first attempt (a reset) after its reply was stored: asking again
+    fails, since the turn's context was dropped with its last reply ("final"), or the model
+    refuses the request, now built with the step's own reply in it ("asks_again"). The
+    stored reply is the answer, as a retry's lookup would have found it."""
+    turn = TurnInput(user_id="alice", turn_id="t1", message="hello")
+    step1 = StepInput(user_id="alice", turn_id="t1", step=1)
+    step2 = StepInput(user_id="alice", turn_id="t1", step=2)
+    answer: dict[str, Any] = (
+        {"text": "Found nothing."}
+        if second == "final"
+        else {"content": [{"type": "text", "text": "Once more."}, SEARCH]}
+    )
+    refusal = {"status": 400, "error_type": "invalid_request_error", "message": "too long"}
+    script: list[dict[str, Any]] = [{"content": [SEARCH]}, answer, refusal]
+    with scripted_steps(memory, engine, script) as (steps, server):
+        steps.call_model(step1, steps.prepare_context(turn)[1], retried=False)
+        steps.run_tools(step1)
+        stored = steps.call_model(step2, retried=False)
+        rows = _positions(memory, "t1")
+        assert steps.call_model(step2, retried=False) == stored
+        asked = 3 if second == "asks_again" else 2  # a dropped context: nothing to ask with
+        assert len(server.requests) == asked
+    assert _positions(memory, "t1") == rows  # recorded once
+
+
 def test_a_step_limit_note_goes_after_every_step(memory: MemoryRig, engine: Engine) -> None:
     result, _ = run_scripted_turn(memory, engine, [{"content": [SEARCH]}], "hi", max_steps=1)
     assert result.stopped_at_step_limit

@@ -346,32 +346,26 @@ class TurnSteps:
         `run_tools_in_context` in the same activity, each of which refused a forgotten user
         moments before: not asked again before the call), else it is read from the store.
         `retried=False`: the caller's first attempt (an activity's attempt 1), which has no
-        stored reply to find, so none is looked up. Should one be stored all the same (the
-        workflow was reset, or a turn id was used again), the model is called and the reply
-        stored first is still the step's (`save_reply` keeps the first): one model call more,
-        never a second reply."""
+        stored reply to find, so none is looked up before the call. Should one be stored all
+        the same (the workflow or the activity was reset, a turn id was used again), the
+        reply stored first is still the step's: `save_reply` keeps it if the call succeeds
+        (one model call more, never a second reply), and it is looked up if the call fails
+        (its request, built after the step, may be refused where the first was not)."""
         reply = self.turns.reply(step.user_id, step.turn_id, step.step) if retried else None
         if reply is None:
             seen = step.erasures_seen
             if context is None:
                 seen = self._refuse_if_forgotten_after_writing(step.user_id, seen)
-                context = self.turns.context(step.user_id, step.turn_id)
-            # Step 1's model call follows no step of its turn: no reply stored (so none
-            # recorded, which follows the store), no tool results.
-            earlier = (
-                []
-                if step.step == 1
-                else self.sources.recall.turn(step.user_id, step.turn_id, TurnPositions.FIRST_STEP)
-            )
-            continuation = to_chat_messages(earlier, start_with_user=False)
-            settings = context.model or self.sources.blocks.profile(step.user_id).model
-            ttl = None if settings.cache_ttl == "off" else settings.cache_ttl
-            request = model_request(context, continuation, ttl)
-            reply = self.model.create(settings, request.system, request.messages, request.tools)
-            check_tool_calls(reply, {m.tool_call_id for m in earlier if m.tool_call_id})
-            self._refuse_if_forgotten_after_writing(step.user_id, seen)
-            reply = self.turns.save_reply(step.user_id, step.turn_id, step.step, reply)
-            crash_point(AFTER_MODEL_CALL)
+            try:
+                asked = self._ask_model(step, context)
+            except Exception:
+                reply = None if retried else self.turns.reply(step.user_id, step.turn_id, step.step)
+                if reply is None:
+                    raise
+            else:
+                self._refuse_if_forgotten_after_writing(step.user_id, seen)
+                reply = self.turns.save_reply(step.user_id, step.turn_id, step.step, asked)
+                crash_point(AFTER_MODEL_CALL)
         self.sources.recall.record(
             step.user_id,
             step.turn_id,
@@ -386,6 +380,26 @@ class TurnSteps:
             stop_reason=reply.stop_reason,
             usage=reply.usage,
         )
+
+    def _ask_model(self, step: StepInput, context: CompiledContext | None) -> ModelReply:
+        """The model's reply to the step's request: the turn's context (read from the store
+        if not given), then what the turn's earlier steps said and their tools answered."""
+        if context is None:
+            context = self.turns.context(step.user_id, step.turn_id)
+        # Step 1's model call follows no step of its turn: no reply stored (so none
+        # recorded, which follows the store), no tool results.
+        earlier = (
+            []
+            if step.step == 1
+            else self.sources.recall.turn(step.user_id, step.turn_id, TurnPositions.FIRST_STEP)
+        )
+        continuation = to_chat_messages(earlier, start_with_user=False)
+        settings = context.model or self.sources.blocks.profile(step.user_id).model
+        ttl = None if settings.cache_ttl == "off" else settings.cache_ttl
+        request = model_request(context, continuation, ttl)
+        reply = self.model.create(settings, request.system, request.messages, request.tools)
+        check_tool_calls(reply, {m.tool_call_id for m in earlier if m.tool_call_id})
+        return reply
 
     def _refuse_if_forgotten_after_writing(self, user_id: str, since: int | None) -> int:
         """The erasure check of every step once the turn has written for the user (its
