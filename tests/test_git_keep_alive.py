@@ -16,6 +16,7 @@ from durable_memory.gitserver.server import GitServer, ServeSettings
 from durable_memory.loopback_server import ThreadedHTTPServer
 from durable_memory.memory.core.errors import GitRemoteUnavailable
 from durable_memory.memory.store.bare_repos import ensure_bare_repository
+from durable_memory.memory.store.git import advertisement
 from durable_memory.memory.store.git.advertisement import MAIN_CONTENT_TYPE, served_main
 
 TOKEN = "keep-alive-token"
@@ -124,3 +125,23 @@ def test_each_server_has_a_connection_of_its_own() -> None:
             assert served_main(f"{two.url}/bob.git", TOKEN) == SHA
     assert (len(first_ports), len(set(first_ports))) == (3, 1)
     assert (len(second_ports), len(set(second_ports))) == (3, 1)
+
+
+def test_a_connection_idle_too_long_is_not_used_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One a NAT or a proxy dropped silently while idle would hang the next question until
+    its timeout: past `KEEP_IDLE_S` a new one is opened."""
+    handler, ports = answering_main(close_after_each=False)
+    with ThreadedHTTPServer("127.0.0.1", 0, handler) as server:
+        url = f"{server.url}/alice.git"
+        assert served_main(url, TOKEN) == SHA
+        monkeypatch.setattr(advertisement, "KEEP_IDLE_S", 0.0)
+        assert served_main(url, TOKEN) == SHA
+        monkeypatch.setattr(advertisement, "KEEP_IDLE_S", 60.0)
+        assert served_main(url, TOKEN) == SHA
+    assert len(ports) == 3
+    assert len(set(ports)) == 2  # the second asked on a new connection, the third reused it
+
+
+def test_a_url_whose_port_is_not_one_is_an_unavailable_remote() -> None:
+    with pytest.raises(GitRemoteUnavailable):
+        served_main("http://127.0.0.1:notaport/alice.git", TOKEN)

@@ -79,6 +79,10 @@ class _Handler(BaseHTTPRequestHandler):
     # Keep-alive replies written in several pieces would otherwise stall ~40 ms on the
     # client's delayed ACK (Nagle): git's curl reuses its connection within a fetch or push.
     disable_nagle_algorithm = True
+    # A connection idle this long between requests (or a request stalled as long) is closed:
+    # workers keep theirs open to ask `dmem-main`, and one whose host vanished would otherwise
+    # hold its thread here for good. Workers stop using a connection after 5 s idle.
+    timeout = 120
 
     def log_message(self, format: str, *args: object) -> None:
         log.info("%s %s", self.address_string(), format % args)

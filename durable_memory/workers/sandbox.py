@@ -15,6 +15,8 @@ It overrides one private method of the SDK (`_Instance._run_code`); if a tempora
 moves it, `CompiledSandboxRunner` runs as the plain runner (tests/test_workflow_sandbox.py
 says when the installed SDK is not the one this was written against)."""
 
+import __future__
+
 import functools
 import types
 from dataclasses import dataclass
@@ -32,10 +34,22 @@ COMPILES_ONCE = callable(getattr(_SdkInstance, "_run_code", None))
 """Whether the installed temporalio has the method overridden here (1.35 does)."""
 
 
+_FUTURE_FLAGS: int = sum(
+    feature.compiler_flag
+    for feature in vars(sdk_runner).values()
+    if isinstance(feature, __future__._Feature)  # what `from __future__ import` binds
+)
+"""The `from __future__` features of the SDK's module, which its `exec(text)` inherits."""
+
+
 @functools.lru_cache(maxsize=SNIPPETS)
 def compiled(code: str) -> types.CodeType:
-    """`code` as `exec(code)` compiles it, once per distinct text."""
-    return compile(code, "<string>", "exec")
+    """`code` as the SDK's `exec(code)` compiles it (its module's future features included),
+    once per distinct text."""
+    code_object: types.CodeType = compile(
+        code, "<string>", "exec", flags=_FUTURE_FLAGS, dont_inherit=True
+    )
+    return code_object
 
 
 class _CompiledOnceInstance(_SdkInstance if COMPILES_ONCE else object):  # type: ignore[misc]

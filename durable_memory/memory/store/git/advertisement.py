@@ -10,7 +10,9 @@ one and the deletion of a forgotten user's repository (remote.py)."""
 
 import contextlib
 import http.client
+import ssl
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -141,8 +143,18 @@ def _get(
 Answer = tuple[int, str, http.client.HTTPMessage, bytes]
 """An HTTP answer read whole: status, reason, headers, body (at most `_MAX_BYTES` + 1)."""
 
-_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+_STALE = (
+    http.client.RemoteDisconnected,
+    ConnectionResetError,
+    BrokenPipeError,
+    ssl.SSLEOFError,
+    ssl.SSLZeroReturnError,
+)
 """How a kept connection the server has closed meanwhile fails (its idle timeout)."""
+KEEP_IDLE_S = 5.0
+"""A connection unused this long is not used again: one a NAT or a proxy dropped silently
+while idle would wait out `ADVERTISEMENT_TIMEOUT_S` on its next question. A busy worker asks
+many times a second; a quiet one opens a new connection, as before."""
 
 
 class _KeptConnections(threading.local):
@@ -151,23 +163,29 @@ class _KeptConnections(threading.local):
     git-serve`, a thread) each time, ~1 ms against ~0.4 on loopback. Only where urllib would
     connect straight to the server: http or https, no credentials in the URL, no proxy for
     the host (those keep urllib's request of their own). A connection the server closed while
-    idle is opened again once; a redirect, an answer too large or one that ends the
-    connection is not kept."""
+    idle is opened again once, one unused for `KEEP_IDLE_S` is closed; a redirect, an answer
+    too large or one that ends the connection is not kept."""
 
     def __init__(self) -> None:
-        self.open: dict[tuple[str, str, int | None], http.client.HTTPConnection] = {}
+        self.open: dict[tuple[str, str, int | None], tuple[http.client.HTTPConnection, float]] = {}
 
     def get(self, url: str, headers: dict[str, str]) -> Answer | None:
         """The answer to GET `url`; None where this cannot ask (the caller asks with urllib)."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or parts.username or parts.hostname is None:
             return None
+        try:
+            key = (parts.scheme, parts.hostname, parts.port)
+        except ValueError:  # not a port: urllib says so, as an unavailable remote
+            return None
         proxies = urllib.request.getproxies()
         if parts.scheme in proxies and not urllib.request.proxy_bypass(parts.netloc):
             return None
-        key = (parts.scheme, parts.hostname, parts.port)
         target = parts.path + (f"?{parts.query}" if parts.query else "")
-        kept = self.open.pop(key, None)
+        kept, used = self.open.pop(key, (None, 0.0))
+        if kept is not None and time.monotonic() - used > KEEP_IDLE_S:
+            kept.close()
+            kept = None
         if kept is not None:
             try:
                 return self._ask(key, kept, target, headers)
@@ -201,7 +219,7 @@ class _KeptConnections(threading.local):
             connection.close()
             return None  # urllib follows redirects: it asks
         if complete and not response.will_close and len(body) <= _MAX_BYTES:
-            self.open[key] = connection
+            self.open[key] = (connection, time.monotonic())
         else:
             connection.close()
         return response.status, response.reason, response.headers, body
