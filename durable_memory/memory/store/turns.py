@@ -100,12 +100,15 @@ class TurnStore:
             found: str | None = connection.execute(query, key).scalar()
         return found
 
-    def _keep_first(self, row: TurnContextRow | TurnStepRow, column: str) -> str | None:
-        """Store `row` unless a row with its key is stored already: that one's `column`, else
-        None. One statement when nothing was stored (an insert that keeps a stored row); the
-        stored row is read only when the insert kept it (a step run again)."""
-        table = table_of(type(row))
-        values = row.model_dump()
+    def _keep_first(
+        self, row_type: type[TurnContextRow | TurnStepRow], values: dict[str, Any], column: str
+    ) -> str | None:
+        """Store the row of `values` (every column of `row_type`'s table, as the row holds
+        them: no row object is built, ~0.3 ms of SQLModel's per call) unless a row with its key
+        is stored already: that one's `column`, else None. One statement when nothing was
+        stored (an insert that keeps a stored row); the stored row is read only when the insert
+        kept it (a step run again)."""
+        table = table_of(row_type)
         key = {c.name: values[c.name] for c in table.primary_key.columns}
         keeping = insert_keeping(self.engine, table, *key)
         of_key = by_key(table, (column,), tuple(key))
@@ -123,12 +126,13 @@ class TurnStore:
     def save_context(self, user_id: str, turn_id: str, context: CompiledContext) -> CompiledContext:
         """Keep the first context compiled for a user's turn; a retry gets that one back."""
         stored = self._keep_first(
-            TurnContextRow(
-                user_id=user_id,
-                turn_id=turn_id,
-                body=context.model_dump_json(),
-                created_at=datetime.now(UTC),
-            ),
+            TurnContextRow,
+            {
+                "user_id": user_id,
+                "turn_id": turn_id,
+                "body": context.model_dump_json(),
+                "created_at": datetime.now(UTC),
+            },
             "body",
         )
         return context if stored is None else CompiledContext.model_validate_json(stored)
@@ -179,13 +183,14 @@ class TurnStore:
     def save_reply(self, user_id: str, turn_id: str, step: int, reply: ModelReply) -> ModelReply:
         """Keep the first reply stored for a step of a user's turn."""
         stored = self._keep_first(
-            TurnStepRow(
-                user_id=user_id,
-                turn_id=turn_id,
-                step=step,
-                reply=reply.model_dump_json(),
-                created_at=datetime.now(UTC),
-            ),
+            TurnStepRow,
+            {
+                "user_id": user_id,
+                "turn_id": turn_id,
+                "step": step,
+                "reply": reply.model_dump_json(),
+                "created_at": datetime.now(UTC),
+            },
             "reply",
         )
         return reply if stored is None else ModelReply.model_validate_json(stored)
