@@ -425,8 +425,16 @@ DECISION_OF_STATUS: dict[DiffStatus, Literal["approve", "reject"]] = {
 }
 """The decision each decided status records (`DecisionOutcome.decision`)."""
 
+# The models that hold a ProposedDiff, whose DecisionOutcome is defined after them: built now,
+# not left incomplete. An incomplete model works, but every TypeAdapter of it (what the
+# pydantic converter builds for each payload it decodes, with a cache per converter, and the
+# SDK makes a converter per workflow activation and per client call) generates its schema
+# again: ~0.45 ms for each TurnReply a caller received and each FinishedTurn a turn decoded.
+# tests/test_models_built.py keeps every model of ours complete at import.
 ProposedDiff.model_rebuild()
 StartedTurn.model_rebuild()
+FinishedTurn.model_rebuild()
+TurnReply.model_rebuild()
 
 
 class DiffView(BaseModel):
