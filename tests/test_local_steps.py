@@ -12,12 +12,15 @@ from typing import Any
 
 from temporalio.testing import WorkflowEnvironment
 
+from durable_memory.workflows.turn import SETTLED_PATCHES
 from tests.support.agent_helpers import edit_block
 from tests.support.temporal_helpers import (
     local_activity_types,
+    patch_ids,
     rig_settings,
     running_rig,
     scheduled_activity_types,
+    upserted_search_attributes,
 )
 
 SEARCH: dict[str, Any] = {
@@ -73,3 +76,39 @@ async def test_a_tool_turn_runs_the_tools_with_the_next_model_call_and_the_finis
             "assistant",
             "user",
         ]
+
+
+async def test_a_turn_records_one_patch_marker_from_its_start_to_its_last_decision(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """Under `turn-patches-settled` a turn asks one patch, once: a plain turn, a tool-using
+    turn and the decisions that close it add no other marker, nor the `TemporalChangeVersion`
+    upsert the SDK adds to each patch (each an event the server writes on the reply's path);
+    the search attributes operators read are all set."""
+    script = [
+        {"text": "Hello, Ada."},
+        SEARCH,
+        {"content": [edit_block("student", field="name", operation="set", value="Ada")]},
+        {"text": "Noted, Ada."},
+    ]
+    async with running_rig(temporal_env.client, rig_settings(tmp_path / "data"), script) as rig:
+        plain = await rig.client.send_message("ada", "hello", turn_id="p1")
+        tools = await rig.client.send_message("ada", "I'm Ada; robots again", turn_id="t1")
+        (diff,) = tools.diffs
+        await rig.client.approve(diff.id, "ms-rivera")
+        await temporal_env.client.get_workflow_handle(tools.workflow_id).result()
+        for reply in (plain, tools):
+            handle = temporal_env.client.get_workflow_handle(reply.workflow_id)
+            events = (await handle.fetch_history()).events
+            assert patch_ids(events) == [SETTLED_PATCHES]
+            upserts = upserted_search_attributes(events)
+            assert [u for u in upserts if "TemporalChangeVersion" in u] == [
+                ["TemporalChangeVersion"]
+            ]
+            assert {a for u in upserts for a in u} >= {
+                "DmemUserId",
+                "DmemTurnStatus",
+                "DmemPendingDiffs",
+                "DmemProfile",
+            }
+        assert "DmemDiffIds" in {a for u in upserted_search_attributes(events) for a in u}

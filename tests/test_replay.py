@@ -32,6 +32,7 @@ from durable_memory.workflows.turn import (
     ONE_ACTIVITY_START,
     OPERATOR_SEARCH_ATTRIBUTES,
     ROTATION_CHECK_AFTER_STANDING_APPROVALS,
+    SETTLED_PATCHES,
     TOOLS_IN_MODEL_STEP,
     WORKER_TURN_SETTINGS,
 )
@@ -53,6 +54,7 @@ def _patches(path: Path) -> set[str]:
 def test_there_are_histories_to_replay() -> None:
     assert {h.name for h in HISTORIES} >= {
         "turn_approve_reject_expire.json",
+        "turn_approve_reject_expire_before_settled_patches.json",
         "turn_approve_reject_expire_before_tools_in_model_step.json",
         "turn_approve_reject_expire_before_one_activity_start.json",
         "turn_approve_reject_expire_before_local_turn_steps.json",
@@ -69,6 +71,7 @@ def test_there_are_histories_to_replay() -> None:
         "turn_standing_approval_before_rotation_check.json",
         "turn_standing_approval_before_one_activity_start.json",
         "turn_standing_approval_before_tools_in_model_step.json",
+        "turn_standing_approval_before_settled_patches.json",
     }
     here = HISTORIES[0].parent
     # A turn under one-activity-start no longer asks for the two patches it replaces.
@@ -78,7 +81,9 @@ def test_there_are_histories_to_replay() -> None:
         GIT_REMOTE_WAIT,
         ONE_ACTIVITY_START,
     }
-    assert _patches(here / "turn_approve_reject_expire.json") == {
+    # Under turn-patches-settled a turn asks no other patch: one marker where there were five.
+    assert _patches(here / "turn_approve_reject_expire.json") == {SETTLED_PATCHES}
+    assert _patches(here / "turn_approve_reject_expire_before_settled_patches.json") == {
         *one_activity_start,
         TOOLS_IN_MODEL_STEP,
     }
@@ -128,11 +133,12 @@ def test_there_are_histories_to_replay() -> None:
         *standing,
         ONE_ACTIVITY_START,
     }
-    assert _patches(here / "turn_standing_approval.json") == {
+    assert _patches(here / "turn_standing_approval_before_settled_patches.json") == {
         *standing,
         ONE_ACTIVITY_START,
         TOOLS_IN_MODEL_STEP,
     }
+    assert _patches(here / "turn_standing_approval.json") == {SETTLED_PATCHES}
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)

@@ -172,6 +172,15 @@ ROTATION_CHECK_AFTER_STANDING_APPROVALS = "rotation-check-after-standing-approva
 left such a block to the next scheduled sweep. Histories without a standing approval take no
 marker: the check is asked only when one applied."""
 
+SETTLED_PATCHES = "turn-patches-settled"
+"""Patch: every turn patch above applies, asked once. A turn records one patch marker (and the
+`TemporalChangeVersion` search attribute upsert the SDK adds to each) where it recorded one per
+patch it reached: three for a tool-using turn, two for a plain one, two more for its first
+decision, each an event the server writes into the turn's history and visibility on the path
+of its reply (benchmarks.md, the twelfth pass). Asked at the first patch a turn reaches, so
+histories recorded before it, which lack its marker, answer False and ask each older patch
+where it was asked (`TurnWorkflow._patched`)."""
+
 LEARN_ATTEMPTS = 3
 """The most attempts of `dmem.step_diffs`, the read a failed turn makes of its step's diffs."""
 
@@ -225,6 +234,9 @@ class TurnWorkflow:
         self._merged_tool_steps: bool | None = None
         """Whether a step's tools and the next model call are one activity (patch
         `tools-in-model-step`); asked at the first tool step."""
+        self._settled: bool | None = None
+        """Whether every turn patch applies (patch `turn-patches-settled`); asked at the
+        turn's first patch (`_patched`)."""
 
     # -- the turn --------------------------------------------------------------------------
 
@@ -250,7 +262,7 @@ class TurnWorkflow:
             ]
         )
         first: ModelStepResult | None = None
-        if workflow.patched(ONE_ACTIVITY_START):
+        if self._patched(ONE_ACTIVITY_START):
             started = await self._start(turn)
             settings = self._settings_of(turn, started)
             prepared, first = started.prepared, started.first
@@ -258,7 +270,7 @@ class TurnWorkflow:
             self._one_activity_start = True
         else:
             settings = await self._turn_settings(turn)
-            self._local_steps = workflow.patched(LOCAL_TURN_STEPS)
+            self._local_steps = self._patched(LOCAL_TURN_STEPS)
             prepared = await self._memory_step(
                 TurnActivities.prepare_turn, turn, "record the message, compile context"
             )
@@ -325,7 +337,7 @@ class TurnWorkflow:
 
     async def _turn_settings(self, turn: TurnInput) -> WorkerTurnSettings:
         """The settings this turn runs with, fixed for its whole run (see the patch)."""
-        if workflow.patched(WORKER_TURN_SETTINGS):
+        if self._patched(WORKER_TURN_SETTINGS):
             worker = await worker_settings("the deployment's turn settings")
             self._settings = turn.settings_under(worker)
         else:
@@ -494,7 +506,7 @@ class TurnWorkflow:
         tool-using turns alone), and only in turns under `one-activity-start`: older turns'
         tool steps keep their shape."""
         if self._merged_tool_steps is None:
-            self._merged_tool_steps = self._one_activity_start and workflow.patched(
+            self._merged_tool_steps = self._one_activity_start and self._patched(
                 TOOLS_IN_MODEL_STEP
             )
         return self._merged_tool_steps
@@ -559,7 +571,7 @@ class TurnWorkflow:
             )
             return
         answer = self._judge(decision, outcome)
-        early = workflow.patched(ANSWER_BEFORE_ROTATION_CHECK)
+        early = self._patched(ANSWER_BEFORE_ROTATION_CHECK)
         if early:
             self._answer(queued, answer)
         if answer is outcome and outcome.status is DiffStatus.APPROVED and outcome.label:
@@ -573,7 +585,7 @@ class TurnWorkflow:
         out (see GIT_REMOTE_WAIT). Raises the activity's failure when it stays failed."""
         summary = f"{decision.decision} {decision.diff_id[:8]} by {decision.approver}"
         commit = self._activities.commit
-        if not workflow.patched(GIT_REMOTE_WAIT):
+        if not self._patched(GIT_REMOTE_WAIT):
             return await workflow.execute_activity_method(
                 TurnActivities.decide, decision, summary=summary, **activity_options(commit)
             )
@@ -696,7 +708,7 @@ class TurnWorkflow:
         rotation like a person's approval (see the patch): an edit nobody waits on must not
         leave its block over its limit until the next sweep."""
         labels = sorted({d.label for d in diffs if d.status is DiffStatus.APPROVED and d.label})
-        if labels and workflow.patched(ROTATION_CHECK_AFTER_STANDING_APPROVALS):
+        if labels and self._patched(ROTATION_CHECK_AFTER_STANDING_APPROVALS):
             for label in labels:
                 await self._maybe_rotate(turn, label)
 
@@ -726,8 +738,16 @@ class TurnWorkflow:
 
     def _upsert_for_operators(self, update: SearchAttributeUpdate[Any]) -> None:
         """Set one of the search attributes added for operators (see the patch's note)."""
-        if workflow.patched(OPERATOR_SEARCH_ATTRIBUTES):
+        if self._patched(OPERATOR_SEARCH_ATTRIBUTES):
             workflow.upsert_search_attributes([update])
+
+    def _patched(self, patch: str) -> bool:
+        """Whether `patch` applies to this turn: every one does under `turn-patches-settled`,
+        which is asked here, at the first patch the turn reaches, and not again; a turn
+        recorded before it asks `patch` itself, where it always did."""
+        if self._settled is None:
+            self._settled = workflow.patched(SETTLED_PATCHES)
+        return self._settled or workflow.patched(patch)
 
     def _set_status(self, status: TurnStatus) -> None:
         self._status = status

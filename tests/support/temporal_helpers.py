@@ -221,6 +221,28 @@ def local_activity_marker(event: HistoryEvent) -> dict[str, Any] | None:
     return None
 
 
+def patch_ids(events: Iterable[HistoryEvent]) -> list[str]:
+    """The ids of the patches a history recorded (its `core_patch` markers), in order."""
+    return [
+        json.loads(e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data)["id"]
+        for e in events
+        if e.HasField("marker_recorded_event_attributes")
+        and e.marker_recorded_event_attributes.marker_name == "core_patch"
+    ]
+
+
+def upserted_search_attributes(events: Iterable[HistoryEvent]) -> list[list[str]]:
+    """The search attributes each of a history's upserts set, in order (the SDK's own
+    `TemporalChangeVersion`, which it adds for each patch, included)."""
+    return [
+        sorted(
+            e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+        )
+        for e in events
+        if e.HasField("upsert_workflow_search_attributes_event_attributes")
+    ]
+
+
 def local_activity_types(events: Iterable[HistoryEvent]) -> list[str]:
     """The types of the local activities a history recorded, in order."""
     return [m["activity_type"] for e in events if (m := local_activity_marker(e)) is not None]
