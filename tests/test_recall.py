@@ -64,6 +64,18 @@ def test_every_message_kept_in_order_with_turn_and_time(recall: RecallStore) -> 
     assert [m.content for m in recall.recent("alice", 2)][-1] == "Robots again, and poetry"
 
 
+def test_the_messages_after_an_id_come_with_the_users_count(recall: RecallStore) -> None:
+    """What a context compile reads: the user's messages after its summary and how many the
+    user has in all, together; their own only (bob's message is not counted), and the count
+    still given when nothing comes after."""
+    every = recall.after("alice", 0)
+    assert recall.after_counted("alice", 0) == (every, 5)
+    assert recall.after_counted("alice", every[2].id) == (every[3:], 5)
+    assert recall.after_counted("alice", every[-1].id) == ([], 5)
+    assert recall.after_counted("bob", 0)[1] == 1
+    assert recall.after_counted("carol", 0) == ([], 0)
+
+
 def test_append_is_idempotent_per_turn_and_seq(recall: RecallStore) -> None:
     again = recall.append(
         "alice", "t1", [_msg(MessageRole.USER, "I love building robots with my sister")]

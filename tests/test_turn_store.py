@@ -91,6 +91,55 @@ def test_a_base_left_where_it_was_is_read_not_written(engine: Engine) -> None:
     assert bases.with_last_reply("bob") == (None, None)
 
 
+def test_a_tool_step_reads_its_reply_and_context_in_one_statement(engine: Engine) -> None:
+    """A tool step reads its model reply and its turn's context together: one statement, each
+    part None when missing (a context dropped once the turn's agent loop ended, a step not yet
+    answered), and only the asking user's rows, whoever else used the turn id."""
+    turns = TurnStore(engine)
+    turns.save_reply("alice", "t1", 1, _reply("alice's reply"))
+    turns.save_context("alice", "t1", _context("alice's context"))
+    turns.save_reply("bob", "t1", 1, _reply("bob's reply"))
+    turns.save_context("bob", "t1", _context("bob's context"))
+    with _statements(engine) as statements:
+        reply, context = turns.reply_and_context("alice", "t1", 1)
+    assert [s.split()[0] for s in statements] == ["SELECT"]
+    assert reply == _reply("alice's reply")
+    assert context is not None
+    assert context.system == "alice's context"
+    reply, context = turns.reply_and_context("alice", "t1", 2)
+    assert reply is None
+    assert context is not None
+    assert context.system == "alice's context"
+    turns.drop_context("alice", "t1")
+    assert turns.reply_and_context("alice", "t1", 1) == (_reply("alice's reply"), None)
+    assert turns.reply_and_context("carol", "t1", 1) == (None, None)
+    reply, context = turns.reply_and_context("bob", "t1", 1)
+    assert reply == _reply("bob's reply")
+    assert context is not None
+    assert context.system == "bob's context"
+
+
+def test_a_base_moved_after_the_steps_own_read_is_not_read_again(engine: Engine) -> None:
+    """A turn reads the base before compiling (`with_last_reply`) and moves it after: given
+    that read, the move sends nothing for a base where the read found it, and only the write
+    for one that differs."""
+    bases = PromptBaseStore(engine)
+    first = PromptBase(commit="a" * 40, summarized_through_message_id=0)
+    moved = PromptBase(commit="b" * 40, summarized_through_message_id=7)
+    for base, sent in [
+        (first, ["INSERT"]),
+        (first, []),
+        (moved, ["INSERT"]),
+        (moved, []),
+    ]:
+        read = bases.with_last_reply("alice")
+        with _statements(engine) as statements:
+            bases.move("alice", base, read=read)
+        assert [s.split()[0] for s in statements] == sent
+        assert bases.get("alice") == base
+    assert bases.get("bob") is None
+
+
 @contextmanager
 def _statements(engine: Engine) -> Iterator[list[str]]:
     """The SQL statements sent to the database within the block (BEGIN and COMMIT aside)."""

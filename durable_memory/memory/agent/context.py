@@ -38,7 +38,7 @@ from durable_memory.memory.service.blocks import Blocks, BlocksRead
 from durable_memory.memory.service.review import Review
 from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.summaries import SummaryStore
-from durable_memory.memory.store.turns import PromptBaseStore
+from durable_memory.memory.store.turns import BaseRead, PromptBaseStore
 from durable_memory.models.blocks import AgentProfile, ModelSettings
 from durable_memory.models.context import CompiledContext, ContextWindowOverview, PromptBase
 from durable_memory.models.history import CommitInfo
@@ -322,7 +322,7 @@ def _compile(
     core, update, memory_base, last = _memory_parts(
         sources.blocks, user_id, profile.model, base, after
     )
-    recall_count = sources.recall.count(user_id)
+    recent, recall_count = sources.recall.after_counted(user_id, after)
     metadata = _metadata(sources, user_id, last, archival_count, recall_count)
     summary_text = (
         f"<conversation_summary>\n{escape_prompt_text(summary)}\n</conversation_summary>"
@@ -331,7 +331,6 @@ def _compile(
     )
     instructions = profile.persona.instructions.strip()
     sections = [p for p in (instructions, core, summary_text) if p]
-    recent = sources.recall.after(user_id, after)
     messages = to_chat_messages(recent)
     tokens = {
         "system": count_tokens_cached(instructions),
@@ -373,29 +372,30 @@ def _compile(
     )
 
 
-def warm_base(
-    bases: PromptBaseStore, user_id: str, settings: ModelSettings, now: datetime
-) -> PromptBase | None:
-    """The user's prompt base while the prompt cache may still hold it; None (move it to
-    HEAD) once the user's last model call is older than the profile's cache TTL: the next
-    request writes everything again anyway. (The reply's time stands for the call's, which
-    began a little earlier: a call that took longer than the gap left to the TTL leaves the
-    base one turn longer than a cold cache needed.)"""
-    base, last = bases.with_last_reply(user_id)
+def warm_base(read: BaseRead, settings: ModelSettings, now: datetime) -> PromptBase | None:
+    """The user's prompt base (as `PromptBaseStore.with_last_reply` read it) while the prompt
+    cache may still hold it; None (move it to HEAD) once the user's last model call is older
+    than the profile's cache TTL: the next request writes everything again anyway. (The
+    reply's time stands for the call's, which began a little earlier: a call that took longer
+    than the gap left to the TTL leaves the base one turn longer than a cold cache needed.)"""
+    base, last = read
     ttl = CACHE_TTL_SECONDS.get(settings.cache_ttl)
     if last is None or ttl is None or (now - last).total_seconds() > ttl:
         return None
     return base
 
 
-def keep_base(bases: PromptBaseStore, user_id: str, context: CompiledContext) -> None:
-    """Move the user's prompt base to what a turn's stored context was compiled from."""
+def keep_base(
+    bases: PromptBaseStore, user_id: str, context: CompiledContext, read: BaseRead
+) -> None:
+    """Move the user's prompt base to what a turn's stored context was compiled from; `read`:
+    the base as the step read it before compiling (`PromptBaseStore.move`)."""
     if context.memory_base is not None:
         base = PromptBase(
             commit=context.memory_base,
             summarized_through_message_id=context.overview.summarized_through_message_id,
         )
-        bases.move(user_id, base)
+        bases.move(user_id, base, read=read)
 
 
 def _with_marker(message: ChatMessage, marker: CacheControl) -> ChatMessage:

@@ -303,6 +303,7 @@ class TurnSteps:
             [NewMessage(role=MessageRole.USER, content=turn.message)],
             first_seq=TurnPositions.USER,
         )
+        base_read = self.bases.with_last_reply(turn.user_id)
         context = turn_context(
             sources,
             self.archive,
@@ -310,13 +311,13 @@ class TurnSteps:
             summarizer=self._checked(
                 model_summarizer(self.model, profile.model), turn.user_id, seen
             ),
-            base=warm_base(self.bases, turn.user_id, profile.model, self.clock()),
+            base=warm_base(base_read, profile.model, self.clock()),
             profile=profile,
         )
         context = self.turns.save_context(turn.user_id, turn.turn_id, context)
         # After the context is stored: a retry of a step that died in between finds the
         # stored context and moves the base to what it was compiled from.
-        keep_base(self.bases, turn.user_id, context)
+        keep_base(self.bases, turn.user_id, context, base_read)
         self._refuse_if_forgotten_after_writing(turn.user_id, seen)
         prepared = PreparedTurn(
             total_tokens=context.overview.total_tokens,
@@ -483,8 +484,8 @@ class TurnSteps:
         step reads the profile again. A context already dropped (this step run again after
         the turn's last model call) leaves the profile's tools."""
         seen = self._refuse_if_forgotten_after_writing(step.user_id, step.erasures_seen)
-        reply = self._reply_of(step)
-        context = self.turns.stored_context(step.user_id, step.turn_id)
+        stored, context = self.turns.reply_and_context(step.user_id, step.turn_id, step.step)
+        reply = self._stored_reply(step, stored)
         offered = None if context is None else offered_in(context.tools)
         results = []
 
@@ -525,7 +526,10 @@ class TurnSteps:
         return self._diffs_of(step, self._reply_of(step))
 
     def _reply_of(self, step: StepInput) -> ModelReply:
-        reply = self.turns.reply(step.user_id, step.turn_id, step.step)
+        return self._stored_reply(step, self.turns.reply(step.user_id, step.turn_id, step.step))
+
+    @staticmethod
+    def _stored_reply(step: StepInput, reply: ModelReply | None) -> ModelReply:
         if reply is None:
             raise DurableMemoryError(f"turn {step.turn_id} step {step.step} has no reply")
         return reply

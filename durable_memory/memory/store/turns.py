@@ -16,7 +16,7 @@ dropped, in the same transaction as the creation. A database is migrated by the 
 
 import functools
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Engine, Insert, Select, Table, event, inspect, or_, text
 from sqlalchemy import select as select_columns
@@ -81,6 +81,16 @@ _DROP_CONTEXT = (
 _LAST_REPLY_AT = select_columns(func.max(table_of(TurnStepRow).c.created_at)).where(
     *keyed(TurnStepRow, "user_id")
 )
+
+_REPLY_AND_CONTEXT = select_columns(
+    by_key(table_of(TurnStepRow), ("reply",), ("user_id", "turn_id", "step"))
+    .scalar_subquery()
+    .label("reply"),
+    by_key(table_of(TurnContextRow), ("body",), ("user_id", "turn_id"))
+    .scalar_subquery()
+    .label("body"),
+)
+"""A step's stored reply and its turn's stored context (NULL for either missing)."""
 
 KEEP_FIRST_ROUNDS = 3
 """`TurnStore._keep_first`'s tries of insert-or-read while a stored row is deleted between."""
@@ -156,6 +166,19 @@ class TurnStore:
         body = self._stored(TurnContextRow, "body", {"user_id": user_id, "turn_id": turn_id})
         return None if body is None else CompiledContext.model_validate_json(body)
 
+    def reply_and_context(
+        self, user_id: str, turn_id: str, step: int
+    ) -> tuple[ModelReply | None, CompiledContext | None]:
+        """`reply` and `stored_context` of a step's turn in one statement (what a tool step
+        reads before its tools run): one round trip where two cost ~0.3 ms more on SQLite and
+        ~0.7 ms on PostgreSQL. A single statement sees one state of both rows."""
+        key = {"user_id": user_id, "turn_id": turn_id, "step": step}
+        with reading(self.engine) as connection:
+            row = connection.execute(_REPLY_AND_CONTEXT, key).one()
+        reply = None if row.reply is None else ModelReply.model_validate_json(row.reply)
+        context = None if row.body is None else CompiledContext.model_validate_json(row.body)
+        return reply, context
+
     def reply(self, user_id: str, turn_id: str, step: int) -> ModelReply | None:
         key = {"user_id": user_id, "turn_id": turn_id, "step": step}
         stored = self._stored(TurnStepRow, "reply", key)
@@ -210,6 +233,14 @@ def _base_of() -> Select[Any]:
     )
 
 
+class BaseRead(NamedTuple):
+    """A user's prompt base as read (None: none yet) and when their newest model reply was
+    stored (None: never)."""
+
+    base: PromptBase | None
+    last_reply_at: datetime | None
+
+
 class PromptBaseStore:
     """Each user's prompt base: the commit whose memory blocks the cached system prompt shows, and
     how far the conversation summary reached then (memory/agent/context.py sends the blocks
@@ -226,23 +257,28 @@ class PromptBaseStore:
             row = connection.execute(_base_of(), {"user_id": user_id}).first()
         return _base(row)
 
-    def with_last_reply(self, user_id: str) -> tuple[PromptBase | None, datetime | None]:
+    def with_last_reply(self, user_id: str) -> "BaseRead":
         """The user's base, and when their newest model reply was stored (in UTC; None before
         the first): how long the prompt cache has gone unread (memory/agent/context.py's
         `warm_base`). One statement: two would cost a round trip more on every turn."""
         with reading(self.engine) as connection:
             row = connection.execute(_BASE_AND_LAST_REPLY, {"user_id": user_id}).one()
         last: datetime | None = row.last_reply_at
-        return _base(None if row.commit_sha is None else row), (None if last is None else utc(last))
+        return BaseRead(
+            _base(None if row.commit_sha is None else row), None if last is None else utc(last)
+        )
 
-    def move(self, user_id: str, base: PromptBase) -> None:
+    def move(self, user_id: str, base: PromptBase, *, read: "BaseRead | None" = None) -> None:
         """Set the user's base (idempotent: a retry writes nothing new). Nearly every turn
-        leaves it where it was: a read, alone, finds that; only a base that differs is
+        leaves it where it was: a read, alone, finds that (`read`: the caller's own, made
+        moments before in the same step, `with_last_reply`'s: not made again; should another
+        turn of the user have moved the base in between, the base stays where that turn put
+        it, as if it had moved it just after this one); only a base that differs is
         written, by an insert that updates a stored row (so two workers moving one user's
         base at once do not collide on its key). Not the upsert alone: an ON CONFLICT DO
         UPDATE whose WHERE is false still locks the row, which on PostgreSQL takes a
         transaction id and flushes a commit to the WAL, and on SQLite the write lock."""
-        if self.get(user_id) == base:
+        if (self.get(user_id) if read is None else read.base) == base:
             return
         values = {
             "user_id": user_id,
