@@ -257,7 +257,7 @@ class PromptBaseStore:
             row = connection.execute(_base_of(), {"user_id": user_id}).first()
         return _base(row)
 
-    def with_last_reply(self, user_id: str) -> "BaseRead":
+    def with_last_reply(self, user_id: str) -> BaseRead:
         """The user's base, and when their newest model reply was stored (in UTC; None before
         the first): how long the prompt cache has gone unread (memory/agent/context.py's
         `warm_base`). One statement: two would cost a round trip more on every turn."""
@@ -268,7 +268,7 @@ class PromptBaseStore:
             _base(None if row.commit_sha is None else row), None if last is None else utc(last)
         )
 
-    def move(self, user_id: str, base: PromptBase, *, read: "BaseRead | None" = None) -> None:
+    def move(self, user_id: str, base: PromptBase, *, read: BaseRead | None = None) -> None:
         """Set the user's base (idempotent: a retry writes nothing new). Nearly every turn
         leaves it where it was: a read, alone, finds that (`read`: the caller's own, made
         moments before in the same step, `with_last_reply`'s: not made again; should another
