@@ -17,7 +17,12 @@ from durable_memory.loopback_server import ThreadedHTTPServer
 from durable_memory.memory.core.errors import GitRemoteUnavailable
 from durable_memory.memory.store.bare_repos import ensure_bare_repository
 from durable_memory.memory.store.git import advertisement
-from durable_memory.memory.store.git.advertisement import MAIN_CONTENT_TYPE, served_main
+from durable_memory.memory.store.git.advertisement import (
+    _MAX_BYTES,
+    MAIN_CONTENT_TYPE,
+    served_main,
+)
+from durable_memory.memory.store.git.refs import Unreadable
 
 TOKEN = "keep-alive-token"
 SHA = "a" * 40
@@ -41,6 +46,54 @@ def answering_main(*, close_after_each: bool) -> tuple[type[BaseHTTPRequestHandl
             self.end_headers()
             self.wfile.write(body)
             self.close_connection = close_after_each
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    return Handler, ports
+
+
+class Answer:
+    """How a scripted server answers one request."""
+
+    def __init__(
+        self,
+        status: int = 200,
+        body: bytes = f"{SHA}\n".encode(),
+        *,
+        chunked: bool = False,
+        location: str | None = None,
+    ) -> None:
+        self.status, self.body, self.chunked, self.location = status, body, chunked, location
+
+
+def answering(answers: list[Answer]) -> tuple[type[BaseHTTPRequestHandler], list[int]]:
+    """A handler giving `answers` in turn (the last one again once they run out), each in
+    `dmem-main`'s content type on a connection it keeps open, and the client ports it was
+    asked from."""
+    ports: list[int] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            ports.append(self.client_address[1])
+            answer = answers[min(len(ports), len(answers)) - 1]
+            self.send_response(answer.status)
+            self.send_header("Content-Type", MAIN_CONTENT_TYPE)
+            if answer.location is not None:
+                self.send_header("Location", answer.location)
+            if answer.chunked:
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for at in range(0, len(answer.body), 7):
+                    piece = answer.body[at : at + 7]
+                    self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+                self.wfile.write(b"0\r\n\r\n")
+            else:
+                self.send_header("Content-Length", str(len(answer.body)))
+                self.end_headers()
+                self.wfile.write(answer.body)
 
         def log_message(self, *_: object) -> None:
             pass
@@ -145,3 +198,55 @@ def test_a_connection_idle_too_long_is_not_used_again(monkeypatch: pytest.Monkey
 def test_a_url_whose_port_is_not_one_is_an_unavailable_remote() -> None:
     with pytest.raises(GitRemoteUnavailable):
         served_main("http://127.0.0.1:notaport/alice.git", TOKEN)
+
+
+def test_an_answer_too_large_is_refused_and_its_connection_not_kept() -> None:
+    """An answer over `_MAX_BYTES` is not read to its end: it is refused, and the connection,
+    with the rest of it unread, is closed; the next question opens a new one."""
+    handler, ports = answering([Answer(body=b"a" * (_MAX_BYTES + 100)), Answer()])
+    with ThreadedHTTPServer("127.0.0.1", 0, handler) as server:
+        url = f"{server.url}/alice.git"
+        with pytest.raises(Unreadable, match="main is served as"):
+            served_main(url, TOKEN)
+        assert served_main(url, TOKEN) == SHA
+        assert served_main(url, TOKEN) == SHA
+    assert len(ports) == 3
+    assert ports[1] != ports[0]  # not asked again on the connection left mid-answer
+    assert ports[2] == ports[1]  # the new one is kept
+
+
+def test_a_chunked_answer_read_to_its_end_keeps_its_connection() -> None:
+    handler, ports = answering([Answer(chunked=True)])
+    with ThreadedHTTPServer("127.0.0.1", 0, handler) as server:
+        url = f"{server.url}/alice.git"
+        assert [served_main(url, TOKEN) for _ in range(3)] == [SHA] * 3
+    assert len(ports) == 3
+    assert len(set(ports)) == 1
+
+
+def test_a_redirect_is_followed_as_urllib_follows_it() -> None:
+    """A kept connection does not follow redirects: urllib asks, and follows it (here to
+    another server), and the redirecting connection is not kept."""
+    target, target_ports = answering([Answer()])
+    with ThreadedHTTPServer("127.0.0.1", 0, target) as other:
+        moved, ports = answering([Answer(302, b"", location=f"{other.url}/alice.git/dmem-main")])
+        with ThreadedHTTPServer("127.0.0.1", 0, moved) as server:
+            url = f"{server.url}/alice.git"
+            assert served_main(url, TOKEN) == SHA
+            assert served_main(url, TOKEN) == SHA
+    assert len(ports) == 4  # each question: the kept connection's, then urllib's
+    assert len(set(ports)) == 4  # none of them kept
+    assert len(target_ports) == 2
+
+
+def test_an_error_answer_read_whole_keeps_its_connection() -> None:
+    """A 4xx in `dmem-main`'s content type is this server's answer for this repository
+    (`Unreadable`); the connection it came on is whole and asked again."""
+    handler, ports = answering([Answer(404, b"no such repository"), Answer()])
+    with ThreadedHTTPServer("127.0.0.1", 0, handler) as server:
+        url = f"{server.url}/alice.git"
+        with pytest.raises(Unreadable, match="HTTP 404"):
+            served_main(url, TOKEN)
+        assert served_main(url, TOKEN) == SHA
+    assert len(ports) == 2
+    assert len(set(ports)) == 1

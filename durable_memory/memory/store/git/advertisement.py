@@ -187,10 +187,10 @@ class _KeptConnections(threading.local):
             kept.close()
             kept = None
         if kept is not None:
-            try:
+            # One the server closed while idle fails at once (`_ask` closes it): asked once
+            # more, on a new connection.
+            with contextlib.suppress(*_STALE):
                 return self._ask(key, kept, target, headers)
-            except _STALE:
-                kept.close()  # closed by the server while idle: once more, on a new one
         return self._ask(key, self._connect(key), target, headers)
 
     @staticmethod
