@@ -4,8 +4,9 @@ cache, about twice what running it on SQLite costs, and a tool-using turn runs s
 (store/sql.py `keyed`, docs/benchmarks.md). Measured without a clock: after a warm-up turn,
 every statement a turn's steps execute must be an object some earlier turn executed too."""
 
+import contextlib
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,16 +15,23 @@ import psycopg
 import pytest
 from psycopg.pq import TransactionStatus
 from sqlalchemy import Engine, event
+from temporalio.testing import ActivityEnvironment
 
+from durable_memory.activities.turn import TurnActivities
+from durable_memory.bootstrap import open_stack
+from durable_memory.config import Settings
+from durable_memory.memory.agent.llm import AnthropicModel
 from durable_memory.memory.archive.embedders import default_embedder
 from durable_memory.memory.archive.postgres import PostgresArchive
 from durable_memory.memory.store.redaction.gate import RedactionGate
 from durable_memory.models.archive import NewPassage, PassageSource
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.recall import MessageRole
-from durable_memory.models.turn import TurnInput
+from durable_memory.models.turn import StepInput, TurnInput
+from durable_memory.scripted_model import ScriptedModelServer
 from tests.support.agent_helpers import edit_block, run_turn_steps, scripted_steps, tool_use
 from tests.support.memory import MemoryRig
+from tests.support.postgres import fresh_schema_url
 
 SEARCH = tool_use("conversation_search", query="essay")
 TURNS = 4
@@ -166,3 +174,76 @@ def where_called() -> str:
         if "/durable_memory/" in frame.filename:
             return f" @ {Path(frame.filename).name}:{frame.lineno} {frame.name}"
     return ""
+
+
+STATEMENT_BUDGET = {
+    "plain": {"dmem.start_turn": 16},
+    "tool": {"dmem.start_turn": 15, "dmem.tools_then_model": 12},
+}
+"""The statements each activity of a warm turn sends to the memory database (its user's
+memory made by an earlier turn), BEGIN and COMMIT aside, on SQLite and PostgreSQL alike: each
+is a round trip on the reply's path (~0.3 ms on SQLite, ~0.7 ms on PostgreSQL under load;
+docs/benchmarks.md, the twelfth pass, which took them from 18, and 17 + 13 for a tool-using
+turn whose tool is a recall search). A change that adds one says so here, and why."""
+
+
+@pytest.mark.parametrize(
+    "database", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_a_warm_turns_activities_send_the_statements_budgeted(
+    database: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = (
+        None if database == "sqlite" else fresh_schema_url(request.getfixturevalue("postgres_url"))
+    )
+    stack = open_stack(tmp_path / "data", url, "essay_coach")
+    script: list[dict[str, Any]] = [
+        {"text": "Hello."},
+        {"content": [{"type": "text", "text": "Let me look."}, SEARCH]},
+        {"text": "Found nothing."},
+        {"text": "Hello again."},
+    ]
+    with ScriptedModelServer(script) as server:
+        model = AnthropicModel(base_url=server.url)
+        activities = TurnActivities(stack, stack.turn_steps(model), Settings().turn_settings())
+        env = ActivityEnvironment()
+        try:
+            env.run(activities.start_turn, TurnInput(user_id="alice", turn_id="t0", message="hi"))
+            turn = TurnInput(user_id="alice", turn_id="t1", message="search")
+            with _statements_sent(stack.engine) as tool:
+                started = env.run(activities.start_turn, turn)
+            step = StepInput(
+                user_id="alice",
+                turn_id="t1",
+                step=1,
+                erasures_seen=started.prepared.erasures_seen,
+            )
+            with _statements_sent(stack.engine) as merged:
+                assert env.run(activities.tools_then_model, step).next.text == "Found nothing."
+            with _statements_sent(stack.engine) as plain:
+                again = TurnInput(user_id="alice", turn_id="t2", message="hello")
+                assert env.run(activities.start_turn, again).first.text == "Hello again."
+        finally:
+            model.close()
+            stack.close()
+    sent = {
+        "plain": {"dmem.start_turn": len(plain)},
+        "tool": {"dmem.start_turn": len(tool), "dmem.tools_then_model": len(merged)},
+    }
+    assert sent == STATEMENT_BUDGET, "\n".join([*plain, "--", *tool, "--", *merged])
+
+
+@contextlib.contextmanager
+def _statements_sent(engine: Engine) -> Iterator[list[str]]:
+    """The statements sent to `engine` within the block, each by its first 100 characters
+    (BEGIN and COMMIT are not cursor statements, so they are not among them)."""
+    sent: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        sent.append(" ".join(statement.split())[:100])
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
