@@ -4,9 +4,8 @@ cache, about twice what running it on SQLite costs, and a tool-using turn runs s
 (store/sql.py `keyed`, docs/benchmarks.md). Measured without a clock: after a warm-up turn,
 every statement a turn's steps execute must be an object some earlier turn executed too."""
 
-import contextlib
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from durable_memory.models.recall import MessageRole
 from durable_memory.models.turn import StepInput, TurnInput
 from durable_memory.scripted_model import ScriptedModelServer
 from tests.support.agent_helpers import edit_block, run_turn_steps, scripted_steps, tool_use
-from tests.support.memory import MemoryRig
+from tests.support.memory import MemoryRig, statements_sent
 from tests.support.postgres import fresh_schema_url
 
 SEARCH = tool_use("conversation_search", query="essay")
@@ -210,7 +209,7 @@ def test_a_warm_turns_activities_send_the_statements_budgeted(
         try:
             env.run(activities.start_turn, TurnInput(user_id="alice", turn_id="t0", message="hi"))
             turn = TurnInput(user_id="alice", turn_id="t1", message="search")
-            with _statements_sent(stack.engine) as tool:
+            with statements_sent(stack.engine) as tool:
                 started = env.run(activities.start_turn, turn)
             step = StepInput(
                 user_id="alice",
@@ -218,9 +217,9 @@ def test_a_warm_turns_activities_send_the_statements_budgeted(
                 step=1,
                 erasures_seen=started.prepared.erasures_seen,
             )
-            with _statements_sent(stack.engine) as merged:
+            with statements_sent(stack.engine) as merged:
                 assert env.run(activities.tools_then_model, step).next.text == "Found nothing."
-            with _statements_sent(stack.engine) as plain:
+            with statements_sent(stack.engine) as plain:
                 again = TurnInput(user_id="alice", turn_id="t2", message="hello")
                 assert env.run(activities.start_turn, again).first.text == "Hello again."
         finally:
@@ -230,20 +229,5 @@ def test_a_warm_turns_activities_send_the_statements_budgeted(
         "plain": {"dmem.start_turn": len(plain)},
         "tool": {"dmem.start_turn": len(tool), "dmem.tools_then_model": len(merged)},
     }
-    assert sent == STATEMENT_BUDGET, "\n".join([*plain, "--", *tool, "--", *merged])
-
-
-@contextlib.contextmanager
-def _statements_sent(engine: Engine) -> Iterator[list[str]]:
-    """The statements sent to `engine` within the block, each by its first 100 characters
-    (BEGIN and COMMIT are not cursor statements, so they are not among them)."""
-    sent: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        sent.append(" ".join(statement.split())[:100])
-
-    event.listen(engine, "before_cursor_execute", record)
-    try:
-        yield sent
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
+    shown = [" ".join(s.split())[:100] for s in [*plain, "--", *tool, "--", *merged]]
+    assert sent == STATEMENT_BUDGET, "\n".join(shown)

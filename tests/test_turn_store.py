@@ -3,16 +3,15 @@ stores it: attempts of one step running at once (a retry beside a zombie attempt
 same one back, on SQLite and PostgreSQL; a context dropped between attempts is stored again.
 Storing the first costs one statement; only an attempt that finds one stored reads it."""
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-from sqlalchemy import Engine, event, func, select
+from sqlalchemy import Engine, func, select
 
 from durable_memory.memory.store.turns import PromptBaseStore, TurnStepRow, TurnStore
 from durable_memory.models.context import PromptBase
+from tests.support.memory import statements_sent
 from tests.test_isolation import _context, _reply
 
 ATTEMPTS = 8
@@ -53,9 +52,9 @@ def test_storing_the_first_is_one_statement_and_only_a_repeat_reads_it(engine: E
         lambda text: turns.save_reply("alice", "t1", 1, _reply(text)),
     ]
     for save in saves:
-        with _statements(engine) as first:
+        with statements_sent(engine) as first:
             save("first")
-        with _statements(engine) as again:
+        with statements_sent(engine) as again:
             save("second")
         assert [s.split()[0] for s in first] == ["INSERT"]
         assert [s.split()[0] for s in again] == ["INSERT", "SELECT"]
@@ -79,7 +78,7 @@ def test_a_base_left_where_it_was_is_read_not_written(engine: Engine) -> None:
         (moved, ["SELECT", "INSERT"]),
         (moved, ["SELECT"]),
     ]:
-        with _statements(engine) as statements:
+        with statements_sent(engine) as statements:
             bases.move("alice", base)
         assert [s.split()[0] for s in statements] == sent
         assert bases.get("alice") == base
@@ -100,7 +99,7 @@ def test_a_tool_step_reads_its_reply_and_context_in_one_statement(engine: Engine
     turns.save_context("alice", "t1", _context("alice's context"))
     turns.save_reply("bob", "t1", 1, _reply("bob's reply"))
     turns.save_context("bob", "t1", _context("bob's context"))
-    with _statements(engine) as statements:
+    with statements_sent(engine) as statements:
         reply, context = turns.reply_and_context("alice", "t1", 1)
     assert [s.split()[0] for s in statements] == ["SELECT"]
     assert reply == _reply("alice's reply")
@@ -133,23 +132,8 @@ def test_a_base_moved_after_the_steps_own_read_is_not_read_again(engine: Engine)
         (moved, []),
     ]:
         read = bases.with_last_reply("alice")
-        with _statements(engine) as statements:
+        with statements_sent(engine) as statements:
             bases.move("alice", base, read=read)
         assert [s.split()[0] for s in statements] == sent
         assert bases.get("alice") == base
     assert bases.get("bob") is None
-
-
-@contextmanager
-def _statements(engine: Engine) -> Iterator[list[str]]:
-    """The SQL statements sent to the database within the block (BEGIN and COMMIT aside)."""
-    sent: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        sent.append(statement)
-
-    event.listen(engine, "before_cursor_execute", record)
-    try:
-        yield sent
-    finally:
-        event.remove(engine, "before_cursor_execute", record)

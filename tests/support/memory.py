@@ -1,10 +1,13 @@
 """The memory's faces over real stores, without Temporal, an archive or the rest of the stack,
 for tests of the domain; the stores are there too, for tests that look beneath the faces."""
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event
 
 from durable_memory.bootstrap import memory_faces
 from durable_memory.memory.agent.context import ContextSources
@@ -59,3 +62,19 @@ def memory_rig(
     loaded = profile if isinstance(profile, AgentProfile) else load_profile(profile)
     git = GitBlockStore(data_dir)
     return MemoryRig.open(loaded, git, DiffStore(engine), RecallStore(engine), archive)
+
+
+@contextlib.contextmanager
+def statements_sent(engine: Engine) -> Iterator[list[str]]:
+    """The SQL statements sent to `engine`'s database within the block (BEGIN and COMMIT are
+    not cursor statements, so they are not among them)."""
+    sent: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        sent.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
