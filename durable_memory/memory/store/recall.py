@@ -94,12 +94,7 @@ _AFTER = (
     .where(*keyed(_RECALL, "user_id"), _RECALL.c.id > bindparam("id", type_=Integer))
     .order_by(_RECALL.c.id)
 )
-_AFTER_COUNTED = (
-    _plain_select()
-    .add_columns(_COUNT.scalar_subquery().label("user_total"))
-    .where(*keyed(_RECALL, "user_id"), _RECALL.c.id > bindparam("id", type_=Integer))
-    .order_by(_RECALL.c.id)
-)
+_AFTER_COUNTED = _AFTER.add_columns(_COUNT.scalar_subquery().label("user_total"))
 """A turn's statements, built once (store/sql.py `keyed`)."""
 
 
