@@ -13,6 +13,7 @@ from datetime import timedelta, timezone
 from unittest import mock
 
 import pytest
+from temporalio import activity
 from temporalio.client import WorkflowFailureError
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
@@ -24,10 +25,11 @@ from temporalio.worker.workflow_sandbox import (
 )
 
 import durable_memory.workflows
+from durable_memory.workers import sandbox
 from durable_memory.workers.sandbox import COMPILES_ONCE, CompiledSandboxRunner, compiled
 from durable_memory.workers.worker import STRICT_WORKFLOW_RUNNER, WORKFLOW_RUNNER, WORKFLOWS
 from durable_memory.workflows.turn import TurnWorkflow
-from tests.support.restricted_workflow import OpensAFile
+from tests.support.restricted_workflow import OpensAFile, SchedulesAndUpserts
 
 IMMUTABLE = (str, int, float, bool, bytes, type(None), timedelta, timezone, frozenset)
 READ_ONLY = (RetryPolicy,)
@@ -118,3 +120,92 @@ async def test_the_sandboxs_restrictions_still_apply_under_our_runners(
     assert isinstance(cause, ApplicationError)
     assert cause.type == RestrictedWorkflowAccessError.__name__
     assert "open" in cause.message
+
+
+@activity.defn(name="shout")
+async def _shout(word: str) -> str:
+    return word.upper() + "+"
+
+
+async def _run_schedules_and_upserts(client: typing.Any, runner: SandboxedWorkflowRunner) -> str:
+    queue = f"sandbox-{uuid.uuid4().hex}"
+    async with Worker(
+        client,
+        task_queue=queue,
+        workflows=[SchedulesAndUpserts],
+        activities=[_shout],
+        workflow_runner=runner,
+    ):
+        result: str = await client.execute_workflow(
+            SchedulesAndUpserts.run,
+            "hi",
+            id=f"contexts-{uuid.uuid4().hex}",
+            task_queue=queue,
+            execution_timeout=timedelta(seconds=60),
+        )
+        return result
+
+
+@pytest.mark.parametrize("runner", ["passthrough", "strict"])
+async def test_a_payloads_contexts_are_what_the_sandbox_would_answer(
+    temporal_env: WorkflowEnvironment, runner: str
+) -> None:
+    """The runners answer a payload's serialization and external-store contexts from the
+    run's instance directly (durable_memory/workers/sandbox.py): each answer is the one the
+    SDK's own path through the sandbox gives, for every payload of a run that schedules an
+    activity and a local activity, upserts a memo and returns."""
+    assert sandbox.LOOKS_UP_DIRECTLY, "temporalio moved its context lookups: the runner fell back"
+    chosen = WORKFLOW_RUNNER if runner == "passthrough" else STRICT_WORKFLOW_RUNNER
+    through_sandbox = typing.cast(typing.Any, sandbox._SdkInstance)
+    ours = sandbox._CompiledOnceInstance
+    compared: list[tuple[str, object, object]] = []
+
+    def both(name: str) -> typing.Callable[..., object]:
+        direct = getattr(ours, name)
+
+        def answer(self: object, command_info: object) -> object:
+            mine = direct(self, command_info)
+            compared.append((name, mine, getattr(through_sandbox, name)(self, command_info)))
+            return mine
+
+        return answer
+
+    with (
+        mock.patch.object(ours, "get_serialization_context", both("get_serialization_context")),
+        mock.patch.object(ours, "get_external_store_context", both("get_external_store_context")),
+    ):
+        assert await _run_schedules_and_upserts(temporal_env.client, chosen) == "HI++!"
+    kinds = {type(theirs).__name__ for _, _, theirs in compared}
+    assert {"ActivitySerializationContext", "WorkflowSerializationContext"} <= kinds
+    assert {name for name, _, _ in compared} == {
+        "get_serialization_context",
+        "get_external_store_context",
+    }
+    assert [mine for _, mine, _ in compared] == [theirs for _, _, theirs in compared]
+
+
+@pytest.mark.parametrize("runner", ["passthrough", "strict"])
+async def test_only_activations_and_the_runs_start_enter_the_sandbox(
+    temporal_env: WorkflowEnvironment, runner: str
+) -> None:
+    """No payload's context lookup enters the sandbox: the snippets run there are the
+    workflow's import and the start of its instance (once when the worker checks the workflow,
+    once for the run), and the run's activations: the only ones that run workflow code."""
+    chosen = WORKFLOW_RUNNER if runner == "passthrough" else STRICT_WORKFLOW_RUNNER
+    ours = sandbox._CompiledOnceInstance
+    entered: list[str] = []
+    run_code = ours._run_code
+
+    def entering(self: sandbox._CompiledOnceInstance, code: str, **extra_globals: object) -> None:
+        entered.append(code)
+        run_code(self, code, **extra_globals)
+
+    with mock.patch.object(ours, "_run_code", entering):
+        assert await _run_schedules_and_upserts(temporal_env.client, chosen) == "HI++!"
+    activations = [code for code in entered if ".activate(" in code]
+    assert len(activations) >= 3  # the start, the activity's result, the local activity's
+    assert not [code for code in entered if "context" in code]
+    others = [code for code in entered if code not in activations]
+    imports = [code for code in others if "import SchedulesAndUpserts" in code]
+    starts = [code for code in others if "= InSandbox(" in code]
+    assert (len(imports), len(starts), len(others)) == (2, 2, 4)

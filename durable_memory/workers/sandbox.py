@@ -11,9 +11,22 @@ calls; py-spy put the compiling at ~4 ms of the worker's CPU per tool-using turn
 same globals, under the same restrictions; only the compilation is shared. It imports nothing
 of ours, so the benchmarks' floors run on it too.
 
-It overrides one private method of the SDK (`_Instance._run_code`); if a temporalio release
-moves it, `CompiledSandboxRunner` runs as the plain runner (tests/test_workflow_sandbox.py
-says when the installed SDK is not the one this was written against)."""
+Two of those entries run no workflow code at all: for every payload the worker visits, the SDK
+asks the run's instance for the payload's serialization context and its external-store
+context, and it asks by entering the sandbox (the snippet, then the sandbox's import
+restrictions put in place and taken down again: py-spy put those entries at ~17% of the
+workflow tasks' CPU in a tool-using turn, some 2 ms). What answers is the SDK's own lookup in
+the instance's state (`_WorkflowInstanceImpl.get_serialization_context`: the pending
+activity, child or signal a command names, or the workflow's own context), which imports
+nothing, calls nothing of the workflow's and changes nothing. `CompiledSandboxRunner` calls
+that lookup directly, the same method on the same instance from the same thread, without the
+restrictions around it; activations, the only entries that run workflow code, go through the
+sandbox as before.
+
+It overrides private methods of the SDK (`_Instance._run_code` and the two context lookups);
+if a temporalio release moves them, `CompiledSandboxRunner` runs as the plain runner
+(tests/test_workflow_sandbox.py says when the installed SDK is not the one this was written
+against)."""
 
 import __future__
 
@@ -25,6 +38,7 @@ from typing import Any, cast
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 from temporalio.worker.workflow_sandbox import _runner as sdk_runner
+from temporalio.worker.workflow_sandbox._in_sandbox import InSandbox
 
 SNIPPETS = 64
 """Distinct snippets kept compiled: a handful per workflow class (their imports name it)."""
@@ -32,6 +46,16 @@ SNIPPETS = 64
 _SdkInstance: Any = getattr(sdk_runner, "_Instance", None)
 COMPILES_ONCE = callable(getattr(_SdkInstance, "_run_code", None))
 """Whether the installed temporalio has the method overridden here (1.35 does)."""
+
+_CONTEXT_LOOKUPS = ("get_serialization_context", "get_external_store_context")
+LOOKS_UP_DIRECTLY = COMPILES_ONCE and all(
+    callable(getattr(_SdkInstance, name, None)) and callable(getattr(InSandbox, name, None))
+    for name in _CONTEXT_LOOKUPS
+)
+"""Whether the installed temporalio asks the sandboxed instance for a payload's contexts by
+the methods overridden here, and its in-sandbox object answers them (1.35 does)."""
+_IN_SANDBOX = "__temporal_in_sandbox"
+"""Where the SDK's snippets keep the run's in-sandbox object, in the sandbox's globals."""
 
 
 _FUTURE_FLAGS: int = sum(
@@ -56,6 +80,26 @@ class _CompiledOnceInstance(_SdkInstance if COMPILES_ONCE else object):  # type:
     def _run_code(self, code: str, **extra_globals: Any) -> None:
         # The SDK's method, handed a code object: `exec` takes either.
         super()._run_code(cast(str, compiled(code)), **extra_globals)
+
+    def get_serialization_context(self, command_info: Any) -> Any:
+        in_sandbox = self._in_sandbox()
+        if in_sandbox is None:
+            return super().get_serialization_context(command_info)
+        return in_sandbox.get_serialization_context(command_info)
+
+    def get_external_store_context(self, command_info: Any) -> Any:
+        in_sandbox = self._in_sandbox()
+        if in_sandbox is None:
+            return super().get_external_store_context(command_info)
+        return in_sandbox.get_external_store_context(command_info)
+
+    def _in_sandbox(self) -> InSandbox | None:
+        """The run's in-sandbox object, for a lookup that runs none of the workflow's code
+        (the module doc); None where the SDK is not the one this was written against."""
+        if not LOOKS_UP_DIRECTLY:
+            return None
+        found = self.globals_and_locals.get(_IN_SANDBOX)
+        return found if isinstance(found, InSandbox) else None
 
 
 @dataclass(frozen=True)
