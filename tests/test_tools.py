@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from durable_memory.memory.agent.tool_specs import tool_definitions
+from durable_memory.memory.agent.tool_specs import proposes_diffs, tool_definitions, tool_names
 from durable_memory.memory.archive.embedders import default_embedder
 from durable_memory.memory.archive.sqlite import SqliteArchive
+from durable_memory.models.blocks import ToolSet
 from durable_memory.models.diffs import DiffStatus
 from tests.support.agent_helpers import (
     agent_test_profile,
@@ -425,3 +426,24 @@ def test_archival_errors_are_error_results(
     assert outcome["is_error"] is True
     assert message in outcome["content"]
     assert archive.count("alice") == 0
+
+
+def test_only_the_edit_tools_and_claudes_memory_tool_propose_diffs() -> None:
+    """What a step looks diffs up for (steps.py `_diffs_of`): a tool left out here would have
+    its diffs go unreported, so the list is pinned, every tool of every tool set named."""
+    every_tool = tool_names(tuple(ToolSet))
+    proposing = {name for name in every_tool if proposes_diffs(name)}
+    assert proposing == {
+        "core_memory_append",
+        "core_memory_replace",
+        "memory_insert",
+        "memory_rethink",
+        "edit_memory_block",
+        "memory",
+    }
+    assert set(every_tool) - proposing == {
+        "archival_memory_insert",
+        "archival_memory_search",
+        "conversation_search",
+    }
+    assert not proposes_diffs("no_such_tool")

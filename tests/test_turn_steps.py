@@ -23,7 +23,7 @@ from tests.support.agent_helpers import (
     scripted_steps,
     tool_use,
 )
-from tests.support.memory import MemoryRig, memory_rig
+from tests.support.memory import MemoryRig, memory_rig, statements_sent
 from tests.test_memory_tool import NOTES, NOTES_MARKDOWN, claude_profile, memory_call
 
 SEARCH = tool_use("conversation_search", query="essay")
@@ -211,6 +211,38 @@ def test_a_turn_keeps_its_context_only_while_its_agent_loop_runs(
     )
     assert stopped.stopped_at_step_limit
     assert _stored_contexts(engine) == 0
+
+
+def test_a_step_finds_the_diffs_of_its_editing_calls_and_asks_nothing_for_its_searches(
+    memory: MemoryRig, engine: Engine
+) -> None:
+    """A step's diffs are those stored under the ids derived from its calls. Only a call of a
+    tool that proposes can have one there (tool_specs.proposes_diffs; a call's id is unique in
+    its turn), so a step that mixes searches with an edit reports the edit's diff, read back
+    the same way, and a step of searches alone sends the diffs table no statement."""
+    archive_search = tool_use("archival_memory_search", query="essay")
+    script: list[dict[str, Any]] = [
+        {"content": [SEARCH, PROPOSE, archive_search]},
+        {"content": [SEARCH, archive_search]},
+        {"text": "done"},
+    ]
+    turn = TurnInput(user_id="alice", turn_id="t1", message="I like Socratic questions")
+    mixed, searches = (StepInput(user_id="alice", turn_id="t1", step=s) for s in (1, 2))
+    with scripted_steps(memory, engine, script) as (steps, _):
+        steps.prepare(turn)
+        steps.call_model(mixed)
+        proposed = steps.run_tools(mixed)
+        assert proposed.diff_ids == [d.id for d in memory.diffs.list("alice")]
+        assert len(proposed.diff_ids) == 1
+        assert steps.step_diffs(mixed) == proposed
+        steps.call_model(searches)
+        with statements_sent(engine) as sent:
+            found = steps.run_tools(searches)
+            found_again = steps.step_diffs(searches)
+        assert found.diff_ids == found_again.diff_ids == []
+        assert found.superseded == found_again.superseded == []
+        assert sent, "the tools and their results still read and write"
+        assert not [statement for statement in sent if "pending_diffs" in statement]
 
 
 @pytest.mark.parametrize("settled_by", ["a standing approval", "a person"])

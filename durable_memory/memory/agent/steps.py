@@ -34,7 +34,12 @@ from durable_memory.memory.agent.context import (
     warm_base,
 )
 from durable_memory.memory.agent.llm import ModelCallError
-from durable_memory.memory.agent.tool_specs import check_input_size, offered_in, tool_definitions
+from durable_memory.memory.agent.tool_specs import (
+    check_input_size,
+    offered_in,
+    proposes_diffs,
+    tool_definitions,
+)
 from durable_memory.memory.agent.tools import MemoryTools, call_diff_id
 from durable_memory.memory.archive.protocol import ArchiveStore
 from durable_memory.memory.core.errors import (
@@ -536,7 +541,14 @@ class TurnSteps:
 
     def _diffs_of(self, step: StepInput, reply: ModelReply) -> ToolStepResult:
         review = self.sources.review
-        derived = [call_diff_id(step.user_id, step.turn_id, use.id) for use in reply.tool_uses]
+        # Only a call of a tool that proposes can have a diff under its derived id (a call's
+        # id is unique in its turn: check_tool_calls); a step of searches asks the store
+        # nothing.
+        derived = [
+            call_diff_id(step.user_id, step.turn_id, use.id)
+            for use in reply.tool_uses
+            if proposes_diffs(use.name)
+        ]
         diff_ids = review.existing(step.user_id, derived)
         superseded = [
             SupersededDiff(diff_id=d.id, turn_id=d.proposer.turn_id)

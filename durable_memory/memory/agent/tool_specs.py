@@ -221,6 +221,25 @@ def tool_names(tool_sets: Sequence[ToolSet]) -> tuple[str, ...]:
     return (*letta, *memory, *(name for name in TOOL_DOCS if name not in LETTA_EDIT_TOOLS))
 
 
+NON_PROPOSING_ARGUMENTS: tuple[type[ToolArguments], ...] = (
+    ArchivalInsert,
+    ArchivalSearch,
+    ConversationSearch,
+)
+"""The arguments of the tools that never propose a diff: the archive's and recall's (an
+insert writes a passage, not a diff). Every other tool of TOOL_DOCS edits a block."""
+
+
+def proposes_diffs(name: str) -> bool:
+    """Whether a call of the tool `name` can propose a diff, and so have one stored under the
+    id derived from its call: Claude's memory tool and the block edits can; the archive's and
+    recall's tools, and a name no tool has, cannot."""
+    if name == MEMORY_TOOL_NAME:
+        return True
+    doc = TOOL_DOCS.get(name)
+    return doc is not None and not issubclass(doc[0], NON_PROPOSING_ARGUMENTS)
+
+
 def offered_in(definitions: Sequence[dict[str, Any]]) -> tuple[str, ...]:
     """The tools a model call's `tools` parameter offered (a turn's stored context's): the
     names of its definitions that are tools of ours, in their order."""
