@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from durable_memory.memory.agent.tool_specs import proposes_diffs, tool_definitions, tool_names
+from durable_memory.memory.agent.tool_specs import (
+    LETTA_EDIT_TOOLS,
+    MEMORY_TOOL_NAME,
+    proposes_diffs,
+    tool_definitions,
+    tool_names,
+)
 from durable_memory.memory.archive.embedders import default_embedder
 from durable_memory.memory.archive.sqlite import SqliteArchive
 from durable_memory.models.blocks import ToolSet
@@ -433,14 +439,7 @@ def test_only_the_edit_tools_and_claudes_memory_tool_propose_diffs() -> None:
     its diffs go unreported, so the list is pinned, every tool of every tool set named."""
     every_tool = tool_names(tuple(ToolSet))
     proposing = {name for name in every_tool if proposes_diffs(name)}
-    assert proposing == {
-        "core_memory_append",
-        "core_memory_replace",
-        "memory_insert",
-        "memory_rethink",
-        "edit_memory_block",
-        "memory",
-    }
+    assert proposing == {*LETTA_EDIT_TOOLS, MEMORY_TOOL_NAME}  # the tools that edit a block
     assert set(every_tool) - proposing == {
         "archival_memory_insert",
         "archival_memory_search",
