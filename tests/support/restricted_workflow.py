@@ -18,7 +18,7 @@ class OpensAFile:
 @workflow.defn(sandboxed=True)
 class SchedulesAndUpserts:
     """Payloads of each kind the worker visits with a context: an activity's argument and
-    result, a local activity's, a search attribute upsert, the workflow's own result."""
+    result, a local activity's, a memo upsert, the workflow's own result."""
 
     @workflow.run
     async def run(self, word: str) -> str:
