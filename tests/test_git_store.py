@@ -512,6 +512,28 @@ def test_stale_git_lock_files_of_a_killed_writer_are_removed(
     assert_fsck_clean(repo)
 
 
+def test_stale_lock_files_deep_in_refs_go_and_a_symlinked_directory_is_not_entered(
+    svc: MemoryRig, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The scan reaches a lock file at any depth under refs/ and logs/, and never follows a
+    symlinked directory out of the repository: a lock file there is not ours to remove."""
+    repo = svc.git.repo_path("alice")
+    git_dir = repo / ".git"
+    deep = git_dir / "refs" / "tags" / "a" / "b" / "v1.lock"
+    deep.parent.mkdir(parents=True)
+    deep.write_bytes(b"")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.lock").write_bytes(b"")
+    (git_dir / "logs" / "elsewhere").symlink_to(outside, target_is_directory=True)
+    with caplog.at_level(logging.WARNING, logger="durable_memory.memory.store.git"):
+        svc.edits.edit_block("alice", "student", {"name": "Alice"}, ALICE)
+    assert not deep.exists()
+    assert "removed the stale git lock file .git/refs/tags/a/b/v1.lock" in caplog.text
+    assert (outside / "keep.lock").exists()
+    assert "keep.lock" not in caplog.text
+
+
 @pytest.mark.parametrize("lost", ["commit", "blob"])
 def test_a_commit_whose_data_never_reached_the_disk_is_rolled_back(
     svc: MemoryRig, data_dir: Path, lost: str, caplog: pytest.LogCaptureFixture

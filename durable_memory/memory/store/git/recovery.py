@@ -80,10 +80,7 @@ def _remove_stale_locks(git_dir: Path, user_id: str) -> bool:
     """Remove the lock files of git processes that were killed. Only called while holding the
     user's write lock: every writer of ours holds it, so no live writer owns them (a person
     running git by hand in the repository at this instant would lose their lock: documented)."""
-    found = [p for p in git_dir.iterdir() if p.name.endswith(".lock") and p.name != LOCK_FILE]
-    for tree in ("refs", "logs"):  # ref files, and reflogs (GitPython locks those too)
-        for root, _dirs, files in os.walk(git_dir / tree):  # never follows a symlinked dir
-            found.extend(Path(root) / name for name in files if name.endswith(".lock"))
+    found = _lock_files(git_dir)
     for path in found:
         path.unlink(missing_ok=True)
         log.warning(
@@ -92,6 +89,35 @@ def _remove_stale_locks(git_dir: Path, user_id: str) -> bool:
             path.relative_to(git_dir.parent),
         )
     return bool(found)
+
+
+def _lock_files(git_dir: Path) -> list[Path]:
+    """The `*.lock` files directly in .git (ours aside), then anywhere under refs/ and logs/
+    (ref files, and reflogs: GitPython locks those too). Walked by os.walk's rules with
+    scandir's entries, at about half os.walk's cost (every transaction asks, two a turn): a
+    symlinked directory is never entered, and one that is missing or cannot be listed is
+    passed over. .git itself must list, as before."""
+    with os.scandir(git_dir) as entries:
+        found = [Path(e.path) for e in entries if e.name.endswith(".lock") and e.name != LOCK_FILE]
+    for tree in ("refs", "logs"):
+        pending = [os.path.join(git_dir, tree)]
+        while pending:
+            try:
+                with os.scandir(pending.pop()) as entries:
+                    listed = list(entries)
+            except OSError:
+                continue
+            for entry in listed:
+                try:
+                    is_dir = entry.is_dir()
+                except OSError:
+                    is_dir = False
+                if is_dir:
+                    if not entry.is_symlink():
+                        pending.append(entry.path)
+                elif entry.name.endswith(".lock"):
+                    found.append(Path(entry.path))
+    return found
 
 
 def _loose_object_ok(path: Path, sha: str) -> bool:
