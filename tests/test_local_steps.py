@@ -12,7 +12,7 @@ from typing import Any
 
 from temporalio.testing import WorkflowEnvironment
 
-from durable_memory.workflows.turn import SETTLED_PATCHES
+from durable_memory.workflows.turn import PROFILE_WITH_STATUS
 from tests.support.agent_helpers import edit_block
 from tests.support.temporal_helpers import (
     local_activity_types,
@@ -81,10 +81,11 @@ async def test_a_tool_turn_runs_the_tools_with_the_next_model_call_and_the_finis
 async def test_a_turn_records_one_patch_marker_from_its_start_to_its_last_decision(
     temporal_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
-    """Under `turn-patches-settled` a turn asks one patch, once: a plain turn, a tool-using
-    turn and the decisions that close it add no other marker, nor the `TemporalChangeVersion`
-    upsert the SDK adds to each patch (each an event the server writes on the reply's path);
-    the search attributes operators read are all set."""
+    """Under `turn-profile-with-status` a turn asks one patch, once: a plain turn, a
+    tool-using turn and the decisions that close it add no other marker, nor the
+    `TemporalChangeVersion` upsert the SDK adds to each patch (each an event the server
+    writes on the reply's path); the search attributes operators read are all set, and the
+    profile goes with another upsert, never in one of its own."""
     script = [
         {"text": "Hello, Ada."},
         SEARCH,
@@ -100,8 +101,11 @@ async def test_a_turn_records_one_patch_marker_from_its_start_to_its_last_decisi
         for reply in (plain, tools):
             handle = temporal_env.client.get_workflow_handle(reply.workflow_id)
             events = (await handle.fetch_history()).events
-            assert patch_ids(events) == [SETTLED_PATCHES]
+            assert patch_ids(events) == [PROFILE_WITH_STATUS]
             upserts = upserted_search_attributes(events)
+            with_profile = [u for u in upserts if "DmemProfile" in u]
+            assert len(with_profile) == 1
+            assert with_profile[0] != ["DmemProfile"]  # it rode along with another upsert
             assert [u for u in upserts if "TemporalChangeVersion" in u] == [
                 ["TemporalChangeVersion"]
             ]

@@ -31,6 +31,7 @@ from durable_memory.workflows.turn import (
     LOCAL_TURN_STEPS,
     ONE_ACTIVITY_START,
     OPERATOR_SEARCH_ATTRIBUTES,
+    PROFILE_WITH_STATUS,
     ROTATION_CHECK_AFTER_STANDING_APPROVALS,
     SETTLED_PATCHES,
     TOOLS_IN_MODEL_STEP,
@@ -54,6 +55,7 @@ def _patches(path: Path) -> set[str]:
 def test_there_are_histories_to_replay() -> None:
     assert {h.name for h in HISTORIES} >= {
         "turn_approve_reject_expire.json",
+        "turn_approve_reject_expire_before_profile_with_status.json",
         "turn_approve_reject_expire_before_settled_patches.json",
         "turn_approve_reject_expire_before_tools_in_model_step.json",
         "turn_approve_reject_expire_before_one_activity_start.json",
@@ -72,6 +74,7 @@ def test_there_are_histories_to_replay() -> None:
         "turn_standing_approval_before_one_activity_start.json",
         "turn_standing_approval_before_tools_in_model_step.json",
         "turn_standing_approval_before_settled_patches.json",
+        "turn_standing_approval_before_profile_with_status.json",
     }
     here = HISTORIES[0].parent
     # A turn under one-activity-start no longer asks for the two patches it replaces.
@@ -81,8 +84,12 @@ def test_there_are_histories_to_replay() -> None:
         GIT_REMOTE_WAIT,
         ONE_ACTIVITY_START,
     }
-    # Under turn-patches-settled a turn asks no other patch: one marker where there were five.
-    assert _patches(here / "turn_approve_reject_expire.json") == {SETTLED_PATCHES}
+    # Under turn-patches-settled a turn asks no other patch: one marker where there were five;
+    # turn-profile-with-status took its place as that one patch.
+    assert _patches(here / "turn_approve_reject_expire.json") == {PROFILE_WITH_STATUS}
+    assert _patches(here / "turn_approve_reject_expire_before_profile_with_status.json") == {
+        SETTLED_PATCHES
+    }
     assert _patches(here / "turn_approve_reject_expire_before_settled_patches.json") == {
         *one_activity_start,
         TOOLS_IN_MODEL_STEP,
@@ -138,7 +145,10 @@ def test_there_are_histories_to_replay() -> None:
         ONE_ACTIVITY_START,
         TOOLS_IN_MODEL_STEP,
     }
-    assert _patches(here / "turn_standing_approval.json") == {SETTLED_PATCHES}
+    assert _patches(here / "turn_standing_approval_before_profile_with_status.json") == {
+        SETTLED_PATCHES
+    }
+    assert _patches(here / "turn_standing_approval.json") == {PROFILE_WITH_STATUS}
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)

@@ -181,6 +181,17 @@ of its reply (benchmarks.md, the twelfth pass). Asked at the first patch a turn 
 histories recorded before it, which lack its marker, answer False and ask each older patch
 where it was asked (`TurnWorkflow._patched`)."""
 
+PROFILE_WITH_STATUS = "turn-profile-with-status"
+"""Patch: every turn patch above applies, as under `turn-patches-settled` (which it replaces as
+the one patch a new turn asks), and the turn sets `DmemProfile` in its next upsert of search
+attributes (its status at the reply, or the diffs its tools proposed) instead of in an upsert
+of its own right after its first step: one command fewer on the reply's path, which the server
+took ~1 ms to record (benchmarks.md, the thirteenth pass). Asked first, at the first patch a
+turn reaches; a history recorded before it lacks its marker, so `turn-patches-settled` is
+asked next, and then each older patch, as before (`TurnWorkflow._patched`). A patch added after
+this one needs a settled patch of its own, asked before this one, in the same way: under a
+settled patch `_patched` answers True for every patch."""
+
 LEARN_ATTEMPTS = 3
 """The most attempts of `dmem.step_diffs`, the read a failed turn makes of its step's diffs."""
 
@@ -235,8 +246,13 @@ class TurnWorkflow:
         """Whether a step's tools and the next model call are one activity (patch
         `tools-in-model-step`); asked at the first tool step."""
         self._settled: bool | None = None
-        """Whether every turn patch applies (patch `turn-patches-settled`); asked at the
-        turn's first patch (`_patched`)."""
+        """Whether every turn patch applies (patch `turn-profile-with-status` or
+        `turn-patches-settled`); asked at the turn's first patch (`_patched`)."""
+        self._profile_with_status = False
+        """Whether DmemProfile goes with the turn's next upsert (patch
+        `turn-profile-with-status`)."""
+        self._profile_due: str | None = None
+        """The profile to set with the next upsert, under that patch."""
 
     # -- the turn --------------------------------------------------------------------------
 
@@ -275,7 +291,9 @@ class TurnWorkflow:
                 TurnActivities.prepare_turn, turn, "record the message, compile context"
             )
         self._erasures_seen = prepared.erasures_seen
-        if prepared.profile is not None:
+        if prepared.profile is not None and self._profile_with_status:
+            self._profile_due = prepared.profile  # set with the next upsert (`_upsert`)
+        elif prepared.profile is not None:
             self._upsert_for_operators(PROFILE.value_set(prepared.profile))
         text, stopped = await self._steps(turn, first)
         finished = await self._finish(turn, stopped)
@@ -733,25 +751,34 @@ class TurnWorkflow:
         if outcome.status is not DiffStatus.PENDING:
             self._open.pop(outcome.diff_id, None)
             self._outcomes[outcome.diff_id] = outcome
-        workflow.upsert_search_attributes([PENDING_DIFFS.value_set(len(self._open))])
+        self._upsert([PENDING_DIFFS.value_set(len(self._open))])
         self._show_details()
 
     def _upsert_for_operators(self, update: SearchAttributeUpdate[Any]) -> None:
         """Set one of the search attributes added for operators (see the patch's note)."""
         if self._patched(OPERATOR_SEARCH_ATTRIBUTES):
-            workflow.upsert_search_attributes([update])
+            self._upsert([update])
+
+    def _upsert(self, updates: list[SearchAttributeUpdate[Any]]) -> None:
+        """Upsert `updates`, and the profile due, if any (patch `turn-profile-with-status`)."""
+        if self._profile_due is not None:
+            updates = [*updates, PROFILE.value_set(self._profile_due)]
+            self._profile_due = None
+        workflow.upsert_search_attributes(updates)
 
     def _patched(self, patch: str) -> bool:
-        """Whether `patch` applies to this turn: every one does under `turn-patches-settled`,
-        which is asked here, at the first patch the turn reaches, and not again; a turn
-        recorded before it asks `patch` itself, where it always did."""
+        """Whether `patch` applies to this turn: every one does under
+        `turn-profile-with-status` or `turn-patches-settled`, which are asked here, in that
+        order, at the first patch the turn reaches, and not again; a turn recorded before
+        both asks `patch` itself, where it always did."""
         if self._settled is None:
-            self._settled = workflow.patched(SETTLED_PATCHES)
+            self._profile_with_status = workflow.patched(PROFILE_WITH_STATUS)
+            self._settled = self._profile_with_status or workflow.patched(SETTLED_PATCHES)
         return self._settled or workflow.patched(patch)
 
     def _set_status(self, status: TurnStatus) -> None:
         self._status = status
-        workflow.upsert_search_attributes(
+        self._upsert(
             [TURN_STATUS.value_set(status.value), PENDING_DIFFS.value_set(len(self._open))]
         )
 
