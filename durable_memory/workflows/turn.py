@@ -291,10 +291,11 @@ class TurnWorkflow:
                 TurnActivities.prepare_turn, turn, "record the message, compile context"
             )
         self._erasures_seen = prepared.erasures_seen
-        if prepared.profile is not None and self._profile_with_status:
-            self._profile_due = prepared.profile  # set with the next upsert (`_upsert`)
-        elif prepared.profile is not None:
-            self._upsert_for_operators(PROFILE.value_set(prepared.profile))
+        if prepared.profile is not None:
+            if self._profile_with_status:
+                self._profile_due = prepared.profile  # set with the next upsert (`_upsert`)
+            else:
+                self._upsert_for_operators(PROFILE.value_set(prepared.profile))
         text, stopped = await self._steps(turn, first)
         finished = await self._finish(turn, stopped)
         reply = turn_reply(text, stopped, settings.max_steps)
