@@ -2,20 +2,27 @@
 database gave them (their ids), never by `started_at`, the clock of whichever host began the
 forget: hosts' clocks differ. On SQLite and PostgreSQL, through every reader of the ledger."""
 
+from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 
 import pytest
 from sqlalchemy import Engine, update
 from sqlmodel import Session, select
 
-from durable_memory.memory.core.errors import UserBeingForgotten, UserForgotten
+from durable_memory.memory.core.errors import (
+    UserBeingForgotten,
+    UserBeingRedacted,
+    UserForgotten,
+)
 from durable_memory.memory.store.erasure import (
     ErasureLedger,
     ErasureRow,
     erase_user_rows,
     user_hash,
 )
-from durable_memory.memory.store.users import UserDirectory
+from durable_memory.memory.store.redaction.gate import RedactionGate
+from durable_memory.memory.store.users import AdmissionRead, UserDirectory
 
 
 def _set_clock_back(engine: Engine, record_id: int, by: timedelta) -> None:
@@ -72,3 +79,82 @@ def test_a_forget_begun_on_a_host_whose_clock_is_behind_still_closes_the_user(
     assert readmitted == {first: True, second_id: True}
     users.register(["alice"])
     assert erase_user_rows(engine, "alice", only_while_closed=True) == 0  # open: nothing
+
+
+def _answer(check: Callable[[], int]) -> tuple[str, object]:
+    """What an erasure check answers: the `since` it returns, or its refusal (class, whether
+    the user was started afresh since, message)."""
+    try:
+        return ("admitted", check())
+    except (UserBeingForgotten, UserForgotten) as refused:
+        afresh = getattr(refused, "started_afresh", None)
+        return (type(refused).__name__, (afresh, str(refused)))
+
+
+def test_a_turns_admission_read_decides_as_the_ledger_does_and_sees_only_its_user(
+    engine: Engine,
+) -> None:
+    """A turn reads the erasure ledger, the redaction gate and the user list in one statement
+    where its admission asks them together (`UserDirectory.admission`). At every state of a
+    user's records (none, a forget under way, completed, started afresh, forgotten again),
+    and for every `since` a turn may carry, the check decided on that read answers what the
+    ledger's own read answers; the gate's record and the listing are the user's own, whoever
+    else has rows; and the read is as the database was, not as it will be."""
+    ledger, users, gate = ErasureLedger(engine), UserDirectory(engine), RedactionGate(engine)
+    # Neighbours whose ids share a prefix with hers, each with rows of every kind.
+    for other in ("alic", "alice2"):
+        users.register([other])
+        gate.open(other, "r-" + other, "dpo@school")
+        ledger.begin(other, "dpo@school", "theirs")
+
+    def same_answers(user_id: str) -> AdmissionRead:
+        read = users.admission(user_id)
+        records = [(r.requested_by, r.completed_at, r.readmitted_at) for r in read.erasures]
+        assert [(b, c is None, r is None) for b, c, r in records] == [
+            (r.requested_by, r.completed_at is None, r.readmitted_at is None)
+            for r in ledger.records(user_id)  # newest first, as the ledger lists them
+        ]
+        sinces: list[int | None] = [None, 0, *(r.id for r in read.erasures)]
+        for since in sinces:
+            mine = _answer(partial(users.refuse_if_forgotten, user_id, since, read=read))
+            assert mine == _answer(partial(ledger.refuse_if_forgotten, user_id, since))
+        return read
+
+    empty = same_answers("alice")
+    assert (empty.erasures, empty.redaction, empty.listed) == ([], None, False)
+    users.register(["alice"])
+    gate.open("alice", "r1", "editor@school")
+    read = same_answers("alice")
+    assert read.listed
+    assert read.redaction is not None
+    assert read.redaction.requested_by == "editor@school"
+    with pytest.raises(UserBeingRedacted, match="editor@school"):
+        gate.admit_turn_as_read("alice", "t1", read.redaction)
+    gate.close("alice")
+    assert read.redaction is not None  # what was read stays what it was
+    assert same_answers("alice").redaction is None
+
+    ledger.begin("alice", "dpo@school", "asked")
+    under_way = same_answers("alice")
+    assert _answer(lambda: users.refuse_if_forgotten("alice", read=under_way))[0] == (
+        "UserBeingForgotten"
+    )
+    ledger.complete("alice")
+    erase_user_rows(engine, "alice")
+    closed = same_answers("alice")
+    assert (len(closed.erasures), closed.listed) == (1, False)
+    ledger.readmit("alice")
+    users.register(["alice"])
+    same_answers("alice")
+    ledger.begin("alice", "dpo@school", "asked again")
+    ledger.complete("alice")
+    again = same_answers("alice")
+    assert [r.id for r in again.erasures] == sorted((r.id for r in again.erasures), reverse=True)
+    assert len(again.erasures) == 2
+    ledger.readmit("alice")
+    same_answers("alice")
+    for other in ("alic", "alice2"):  # theirs, untouched by hers
+        theirs = users.admission(other)
+        assert (len(theirs.erasures), theirs.listed) == (1, True)
+        assert theirs.redaction is not None
+        assert theirs.redaction.requested_by == "dpo@school"

@@ -11,15 +11,19 @@ import pytest
 from sqlalchemy import Engine, text
 
 from durable_memory.memory.agent.steps import TurnPositions
+from durable_memory.memory.core.errors import UserBeingRedacted
 from durable_memory.memory.store.erasure import ErasureLedger
 from durable_memory.memory.store.recall import RecallStore
+from durable_memory.memory.store.redaction.gate import RedactionGate
 from durable_memory.memory.store.turns import TurnStore
+from durable_memory.memory.store.users import UserDirectory
 from durable_memory.models.context import CompiledContext
 from durable_memory.models.recall import MessageRole
 from durable_memory.models.turn import StepInput, TurnInput
 from tests.support.agent_helpers import (
     edit_block,
     run_scripted_turn,
+    run_turn_steps,
     scripted_steps,
     tool_use,
 )
@@ -213,6 +217,44 @@ def test_a_turn_keeps_its_context_only_while_its_agent_loop_runs(
     assert _stored_contexts(engine) == 0
 
 
+def test_a_turn_is_admitted_before_a_redaction_or_after_it_never_across_it(
+    memory: MemoryRig, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The redaction gate, read with the erasure ledger at the two admissions of a turn's
+    first step. A redaction under way when the turn arrives refuses it before anything is
+    written (no message in recall, no stored context); one that opens while the turn compiles
+    its context refuses it once the context is stored, and the context is forgotten, so the
+    redaction has no stored turn to wait for (store/redaction/gate.py). Either way the
+    refusal is UserBeingRedacted, retried: once the redaction closed, the same turn runs."""
+    gate = RedactionGate(engine)
+    turn = TurnInput(user_id="alice", turn_id="t1", message="I write essays")
+    with scripted_steps(memory, engine, [{"text": "Hello."}]) as (steps, _):
+        run_turn_steps(steps, TurnInput(user_id="alice", turn_id="t0", message="hi"), 4)
+        gate.open("alice", "r1", "editor@school")
+        with pytest.raises(UserBeingRedacted, match="editor@school"):
+            steps.prepare_context(turn)
+        assert memory.recall.turn("alice", "t1") == []
+        assert _stored_contexts(engine) == 0
+        gate.close("alice")
+
+        saved = steps.turns.save_context
+
+        def redaction_opens_meanwhile(*args: Any) -> CompiledContext:
+            stored = saved(*args)
+            gate.open("alice", "r2", "editor@school")
+            return stored
+
+        monkeypatch.setattr(steps.turns, "save_context", redaction_opens_meanwhile)
+        with pytest.raises(UserBeingRedacted):
+            steps.prepare_context(turn)
+        assert _stored_contexts(engine) == 0
+        monkeypatch.undo()
+        gate.close("alice")
+        prepared, _ = steps.prepare_context(turn)  # the retry, once it closed
+        assert prepared.profile is not None
+        assert _stored_contexts(engine) == 1
+
+
 def test_a_step_finds_the_diffs_of_its_editing_calls_and_asks_nothing_for_its_searches(
     memory: MemoryRig, engine: Engine
 ) -> None:
@@ -297,6 +339,7 @@ def test_a_model_call_in_the_activity_that_read_its_context_asks_nothing_again(
     asked: Counter[str] = Counter()
     for owner, name in [
         (ErasureLedger, "refuse_if_forgotten"),
+        (UserDirectory, "admission"),
         (RecallStore, "turn"),
         (TurnStore, "stored_context"),
         (TurnStore, "reply_and_context"),
@@ -312,10 +355,11 @@ def test_a_model_call_in_the_activity_that_read_its_context_asks_nothing_again(
     script: list[dict[str, Any]] = [{"content": [SEARCH]}, {"text": "Nothing found."}]
     with scripted_steps(memory, engine, script) as (steps, _):
         _, context = steps.prepare_context(turn)
-        assert asked == {"refuse_if_forgotten": 2}  # before it wrote anything, and after
+        # Before it wrote anything, and after: each with the redaction gate, one read.
+        assert asked == {"admission": 2}
         first = StepInput(user_id="alice", turn_id="t1", step=1)
         assert steps.call_model(first, context).tool_calls == 1
-        assert asked == {"refuse_if_forgotten": 3}  # the third: after the model answered
+        assert asked == {"admission": 2, "refuse_if_forgotten": 1}  # after the model answered
         asked.clear()
         stored = steps.run_tools_in_context(first).context
         assert stored == context

@@ -12,7 +12,6 @@ from durable_memory.faults import MID_START, MID_TOOLS_THEN_MODEL, crash_point
 from durable_memory.memory.agent.steps import TurnSteps
 from durable_memory.memory.core.errors import DiffAlreadyDecided
 from durable_memory.memory.store.redaction.gate import RedactionGate
-from durable_memory.models.context import CompiledContext
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.turn import (
     DecisionOutcome,
@@ -79,16 +78,7 @@ class TurnActivities:
     @activity.defn(name="dmem.prepare_turn")
     def prepare_turn(self, turn: TurnInput) -> PreparedTurn:
         with classified_errors(), self.stack.pinned():
-            return self._admitted_prepare(turn)[0]
-
-    def _admitted_prepare(self, turn: TurnInput) -> tuple[PreparedTurn, CompiledContext]:
-        """`TurnSteps.prepare_context` behind the redaction gate: a turn is admitted before a
-        redaction of its user or after it, never across it (memory/store/redaction/gate.py),
-        so it is checked before and after the context is stored."""
-        self.redaction_gate.admit_turn(turn.user_id, turn.turn_id)
-        prepared = self.steps.prepare_context(turn)
-        self.redaction_gate.admit_turn(turn.user_id, turn.turn_id)
-        return prepared
+            return self.steps.prepare_context(turn)[0]
 
     @activity.defn(name="dmem.start_turn")
     def start_turn(self, turn: TurnInput) -> StartedTurn:
@@ -99,7 +89,7 @@ class TurnActivities:
         anywhere in it finds the stored context and the stored reply (docs/temporal.md,
         "The first step")."""
         with classified_errors(), self.stack.pinned():
-            prepared, context = self._admitted_prepare(turn)
+            prepared, context = self.steps.prepare_context(turn)
             crash_point(MID_START)
             first = self.steps.call_model(
                 StepInput(

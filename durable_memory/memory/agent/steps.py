@@ -49,6 +49,7 @@ from durable_memory.memory.core.errors import (
 )
 from durable_memory.memory.core.limits import LimitExceeded, cut_text
 from durable_memory.memory.store.erasure import erase_user_rows
+from durable_memory.memory.store.redaction.gate import RedactionGate
 from durable_memory.memory.store.turns import PromptBaseStore, TurnStore
 from durable_memory.models.blocks import AgentProfile, ModelSettings
 from durable_memory.models.context import CompiledContext, PromptBase
@@ -287,6 +288,7 @@ class TurnSteps:
         self.turns = turns
         # The prompt base is turn bookkeeping: it lives in the turns' database.
         self.bases = PromptBaseStore(turns.engine)
+        self.gate = RedactionGate(turns.engine)
         self.clock = clock
 
     def prepare(self, turn: TurnInput) -> PreparedTurn:
@@ -295,9 +297,19 @@ class TurnSteps:
 
     def prepare_context(self, turn: TurnInput) -> tuple[PreparedTurn, CompiledContext]:
         """`prepare`, and the context it stored (the first compiled for the turn): for the
-        first model call in the same activity, which need not read it back."""
+        first model call in the same activity, which need not read it back.
+
+        Behind the redaction gate: a turn is admitted before a redaction of its user or after
+        it, never across it (memory/store/redaction/gate.py), so the gate is asked before
+        anything is compiled and again once the context is stored. Each time it is read with
+        the erasure ledger in one statement (`Blocks.admission`; the first also says whether
+        the user is listed): where the two checks meet, one round trip, not two or three."""
         sources = self.sources
-        admission = sources.blocks.admit(turn.user_id, turn.profile, fresh=bool(turn.fresh_user))
+        read = sources.blocks.admission(turn.user_id)
+        self.gate.admit_turn_as_read(turn.user_id, turn.turn_id, read.redaction)
+        admission = sources.blocks.admit(
+            turn.user_id, turn.profile, fresh=bool(turn.fresh_user), read=read
+        )
         profile, seen = admission.profile, admission.erasures_seen
         # An approval recorded but not committed when a process died is finished first,
         # so no diff stays approved without its commit once the user is back.
@@ -323,7 +335,7 @@ class TurnSteps:
         # After the context is stored: a retry of a step that died in between finds the
         # stored context and moves the base to what it was compiled from.
         keep_base(self.bases, turn.user_id, context, base_read)
-        self._refuse_if_forgotten_after_writing(turn.user_id, seen)
+        self._refuse_if_forgotten_after_writing(turn.user_id, seen, admitting=turn.turn_id)
         prepared = PreparedTurn(
             total_tokens=context.overview.total_tokens,
             share_used=context.overview.share_used,
@@ -407,7 +419,9 @@ class TurnSteps:
         check_tool_calls(reply, {m.tool_call_id for m in earlier if m.tool_call_id})
         return reply
 
-    def _refuse_if_forgotten_after_writing(self, user_id: str, since: int | None) -> int:
+    def _refuse_if_forgotten_after_writing(
+        self, user_id: str, since: int | None, *, admitting: str | None = None
+    ) -> int:
         """The erasure check of every step once the turn has written for the user (its
         message, context, a summary, replies, tool results, proposals, archived passages):
         all but the first, at the start of prepare, before anything is written. Write, then
@@ -425,9 +439,14 @@ class TurnSteps:
         since what the user has now is their new memory: the checks before each write that
         follows a long wait (a model call, the summary, an archive insert's embedding, the
         tools) kept the turn out of it. Returns what the step's later checks pass as
-        `since`."""
+        `since`.
+
+        `admitting`: the turn whose context was just stored, admitted again at the redaction
+        gate once the erasure check passed, on the same read (`prepare_context`)."""
+        blocks = self.sources.blocks
+        read = blocks.admission(user_id) if admitting is not None else None
         try:
-            return self.sources.blocks.refuse_if_forgotten(user_id, since)
+            seen = blocks.refuse_if_forgotten(user_id, since, read=read)
         except UserForgotten as closed:
             if closed.started_afresh:
                 raise
@@ -436,6 +455,9 @@ class TurnSteps:
         except UserBeingForgotten:
             self._delete_what_the_turn_wrote(user_id, keep_listed=True)
             raise
+        if admitting is not None and read is not None:
+            self.gate.admit_turn_as_read(user_id, admitting, read.redaction)
+        return seen
 
     def _delete_what_the_turn_wrote(self, user_id: str, *, keep_listed: bool) -> None:
         """Delete the user's passages, then their rows (the forget's own deletions, made

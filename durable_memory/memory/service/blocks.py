@@ -13,6 +13,7 @@ from durable_memory.memory.core.profiles import ProfileCatalog, profile_record
 from durable_memory.memory.service.access import Block, BlockAccess, missing_blocks
 from durable_memory.memory.store.block_repository import compare_and_set
 from durable_memory.memory.store.git import format_message
+from durable_memory.memory.store.users import AdmissionRead
 from durable_memory.models.blocks import AgentProfile, BlockKind, BlockSpec
 from durable_memory.models.history import SYSTEM_AUTHOR, CommitInfo
 
@@ -101,21 +102,40 @@ class Blocks:
         """
         return self._ensure(user_id, profile, fresh).head
 
-    def admit(self, user_id: str, profile: str | None = None, *, fresh: bool = False) -> Admission:
+    def admit(
+        self,
+        user_id: str,
+        profile: str | None = None,
+        *,
+        fresh: bool = False,
+        read: AdmissionRead | None = None,
+    ) -> Admission:
         """`ensure_user` for a turn's first step: the profile the user has, read in the same
         transaction (one lock and repair check instead of two), and what the turn's later
-        erasure checks pass as `since` (`refuse_if_forgotten`)."""
-        return self._ensure(user_id, profile, fresh)
+        erasure checks pass as `since` (`refuse_if_forgotten`). `read`: the turn's admission
+        read (`admission`), on which the erasure check is decided and which says whether the
+        user is listed already, instead of reading both again."""
+        return self._ensure(user_id, profile, fresh, read)
 
-    def _ensure(self, user_id: str, profile: str | None, fresh: bool) -> Admission:
+    def admission(self, user_id: str) -> AdmissionRead:
+        """The erasure records, the redaction under way and the listing of the user, in one
+        read: what a turn's admission decides on (store/users.py)."""
+        return self._access.users.admission(validate_user_id(user_id))
+
+    def _ensure(
+        self, user_id: str, profile: str | None, fresh: bool, read: AdmissionRead | None = None
+    ) -> Admission:
         validate_user_id(user_id)
+        users = self._access.users
         if profile is not None:
             self._access.profiles.get(profile)  # an unknown name is refused before anything
         if fresh:
-            self._access.users.readmit(user_id)
-        erasures_seen = self._access.users.refuse_if_forgotten(user_id)
+            users.readmit(user_id)
+            read = None  # read before the readmit: the ledger is asked again
+        erasures_seen = users.refuse_if_forgotten(user_id, read=read)
         head, chosen = self._ensure_repository(user_id, profile)
-        self._access.users.register([user_id])  # after the repository exists
+        if read is None or not read.listed:
+            users.register([user_id])  # after the repository exists
         return Admission(head, chosen, erasures_seen)
 
     @compare_and_set
@@ -153,11 +173,14 @@ class Blocks:
         spec = self.spec(user_id, label)
         return Block(label, spec, self._access.read_at(user_id, label, sha), sha)
 
-    def refuse_if_forgotten(self, user_id: str, since: int | None = None) -> int:
+    def refuse_if_forgotten(
+        self, user_id: str, since: int | None = None, *, read: AdmissionRead | None = None
+    ) -> int:
         """UserBeingForgotten / UserForgotten: for a step about to write for the user. `since`:
         what the turn's first check returned (a forget begun after it refuses the turn even
-        once the user was started afresh); returns what to pass as `since`."""
-        return self._access.users.refuse_if_forgotten(user_id, since)
+        once the user was started afresh); returns what to pass as `since`. `read`: decided
+        on the records of that admission read (`admission`), made by the caller just now."""
+        return self._access.users.refuse_if_forgotten(user_id, since, read=read)
 
     def read_blocks_and_base(self, user_id: str, base: str | None) -> BlocksRead:
         """Every block at HEAD, and at commit `base` if that is in HEAD's history (None if it

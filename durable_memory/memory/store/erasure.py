@@ -196,26 +196,7 @@ class ErasureLedger:
         began in the memory that forget erased, and the user's new memory is not its."""
         with reading(self.engine) as connection:  # plain rows: ORM objects cost 2-3x more
             rows = connection.execute(_ERASURES_OF, {"user_hash": user_hash(user_id)}).all()
-        newest = max((row.id for row in rows), default=0)
-        closing = _closing(rows)
-        if closing is None and since is not None and newest > since:
-            forget = next(row for row in rows if row.id == newest)
-            raise UserForgotten(
-                f"user '{user_id}' was forgotten after this turn began (on "
-                f"{utc(forget.started_at).date().isoformat()}) and started afresh since: "
-                "nothing of the turn is written into their new memory",
-                started_afresh=True,
-            )
-        if closing is None:
-            return newest
-        if closing.completed_at is None:
-            raise _being_forgotten(user_id, closing)
-        raise UserForgotten(
-            f"user '{user_id}' was forgotten on "
-            f"{utc(closing.completed_at).date().isoformat()}: nothing is kept or written for "
-            "them; to start them again with an empty memory, ask for it "
-            "(send_message(..., fresh_user=True), dmem chat --fresh-user)"
-        )
+        return refuse_by_records(user_id, rows, since)
 
     def closed_user_hashes(self) -> set[str]:
         """The `user_hash` of every user closed to memory (being forgotten, or forgotten and
@@ -251,6 +232,38 @@ class ErasureLedger:
         """The user's erasure records, newest first."""
         with Session(self.engine) as session:
             return [_record(row) for row in session.exec(self._newest_first(user_id)).all()]
+
+
+class LedgerRecord(_ErasureState, Protocol):
+    """A row of `_ERASURES_OF`'s columns: what the per-step check decides on."""
+
+    @property
+    def id(self) -> int: ...
+
+
+def refuse_by_records(user_id: str, rows: Sequence[LedgerRecord], since: int | None) -> int:
+    """`ErasureLedger.refuse_if_forgotten`'s decision on the user's records as read, newest
+    first (its own read, or a turn's admission read: store/users.py `UserDirectory.admission`)."""
+    newest = max((row.id for row in rows), default=0)
+    closing = _closing(rows)
+    if closing is None and since is not None and newest > since:
+        forget = next(row for row in rows if row.id == newest)
+        raise UserForgotten(
+            f"user '{user_id}' was forgotten after this turn began (on "
+            f"{utc(forget.started_at).date().isoformat()}) and started afresh since: "
+            "nothing of the turn is written into their new memory",
+            started_afresh=True,
+        )
+    if closing is None:
+        return newest
+    if closing.completed_at is None:
+        raise _being_forgotten(user_id, closing)
+    raise UserForgotten(
+        f"user '{user_id}' was forgotten on "
+        f"{utc(closing.completed_at).date().isoformat()}: nothing is kept or written for "
+        "them; to start them again with an empty memory, ask for it "
+        "(send_message(..., fresh_user=True), dmem chat --fresh-user)"
+    )
 
 
 def erase_user_rows(

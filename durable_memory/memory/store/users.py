@@ -26,12 +26,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import Engine, LargeBinary, bindparam, func, update
+from sqlalchemy import Engine, LargeBinary, bindparam, func, literal_column, update
 from sqlalchemy import select as select_columns
 from sqlmodel import Column, Field, Session, SQLModel, col, select
 
 from durable_memory.memory.core.ids import validate_user_id
-from durable_memory.memory.store.erasure import ErasureLedger, user_hash
+from durable_memory.memory.store.erasure import (
+    ErasureLedger,
+    ErasureRow,
+    LedgerRecord,
+    refuse_by_records,
+    user_hash,
+)
+from durable_memory.memory.store.redaction.gate import UNDER_WAY, OpenRedaction
 from durable_memory.memory.store.sql import insert_keeping, reading, table_of, writing_once
 
 REGISTER_BATCH = 1000
@@ -49,6 +56,43 @@ _USERS = table_of(UserRow)
 _REGISTERED_AMONG = select_columns(_USERS.c.user_id).where(
     _USERS.c.user_id.in_(bindparam("user_ids", expanding=True))
 )
+
+_ERASURE = table_of(ErasureRow)
+_ONE_ROW = select_columns(literal_column("1").label("one")).subquery("one_row")
+_ADMISSION = (
+    select_columns(
+        _ERASURE.c.id,
+        _ERASURE.c.requested_by,
+        _ERASURE.c.started_at,
+        _ERASURE.c.completed_at,
+        _ERASURE.c.readmitted_at,
+        UNDER_WAY.c.requested_by.label("redaction_requested_by"),
+        UNDER_WAY.c.started_at.label("redaction_started_at"),
+        _USERS.c.user_id.label("listed"),
+    )
+    .select_from(_ONE_ROW)
+    .outerjoin(_ERASURE, _ERASURE.c.user_hash == bindparam("user_hash"))
+    .outerjoin(UNDER_WAY, UNDER_WAY.c.user_id == bindparam("user_id"))
+    .outerjoin(_USERS, _USERS.c.user_id == bindparam("user_id"))
+    .order_by(_ERASURE.c.id.desc())
+)
+"""A turn's admission in one statement (`UserDirectory.admission`): the user's erasure
+records, newest first (as store/erasure.py's per-step check reads them), beside the open
+redaction record and the user's row in the list, each repeated on every row; one row of
+NULLs where the user has none of them. Built once (sql.py `keyed`)."""
+
+
+@dataclass(frozen=True)
+class AdmissionRead:
+    """What a turn's admission reads in one statement (`UserDirectory.admission`)."""
+
+    erasures: Sequence[LedgerRecord]
+    """The user's erasure records, newest first: `refuse_if_forgotten(..., read=)` decides
+    on them."""
+    redaction: OpenRedaction | None
+    """The redaction of the user under way, if any (store/redaction/gate.py)."""
+    listed: bool
+    """Whether the user was registered (then a turn need not register them again)."""
 
 
 class UserDirectory:
@@ -76,11 +120,37 @@ class UserDirectory:
                 with writing_once(self.engine) as conn:
                     conn.execute(insert_keeping(self.engine, UserRow, "user_id"), rows)
 
-    def refuse_if_forgotten(self, user_id: str, since: int | None = None) -> int:
+    def refuse_if_forgotten(
+        self, user_id: str, since: int | None = None, *, read: AdmissionRead | None = None
+    ) -> int:
         """UserBeingForgotten while the user's erasure is under way, UserForgotten after it
         until a caller starts them afresh, or for a turn begun before it (`since`); what the
-        turn's later checks pass as `since` (store/erasure.py)."""
+        turn's later checks pass as `since` (store/erasure.py). `read`: decided on the records
+        the turn's admission read (`admission`), which is then the check."""
+        if read is not None:
+            return refuse_by_records(user_id, read.erasures, since)
         return ErasureLedger(self.engine).refuse_if_forgotten(user_id, since)
+
+    def admission(self, user_id: str) -> AdmissionRead:
+        """The erasure ledger's records of the user, the redaction of them under way and
+        whether they are listed, in one statement: a turn asks the first two before it
+        compiles anything and again once it stored its context (memory/agent/steps.py),
+        where they were two or three statements, each a round trip on PostgreSQL. One
+        statement sees one state of the database, as each of those did."""
+        params = {"user_hash": user_hash(user_id), "user_id": user_id}
+        with reading(self.engine) as connection:  # plain rows, as the per-step check's
+            rows = connection.execute(_ADMISSION, params).all()
+        first = rows[0]  # the outer joins give at least one row
+        redaction = (
+            None
+            if first.redaction_requested_by is None
+            else OpenRedaction(first.redaction_requested_by, first.redaction_started_at)
+        )
+        return AdmissionRead(
+            erasures=[row for row in rows if row.id is not None],
+            redaction=redaction,
+            listed=first.listed is not None,
+        )
 
     def readmit(self, user_id: str) -> None:
         """A caller starts a forgotten user afresh (nothing of before comes back)."""

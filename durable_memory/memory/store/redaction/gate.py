@@ -7,14 +7,17 @@ The record holds ids only: the user, the redaction's id (a one-way hash, store o
 nowhere) and who asked. It is deleted when the redaction closes it; a forget deletes it with
 the user's other rows (store/erasure.py's USER_TABLES).
 
-A turn is admitted by `admit_turn` before its prepare step compiles anything and again after
-it stored the context: one refused after storing forgets that context, so a turn waiting at
-the gate has no stored context, and one with a stored context was admitted before the record
-opened. The redaction reads which turns those are (`turn_progress`) only after opening it.
+A turn is admitted (`admit_turn_as_read`, by memory/agent/steps.py `prepare_context`, on the
+record read with the erasure ledger in one statement: store/users.py `admission`) before its
+prepare step compiles anything and again after it stored the context: one refused after
+storing forgets that context, so a turn waiting at the gate has no stored context, and one
+with a stored context was admitted before the record opened. The redaction reads which turns
+those are (`turn_progress`) only after opening it.
 """
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from sqlalchemy import Engine, delete, func
 from sqlmodel import Field, Session, SQLModel, col, select
@@ -38,7 +41,25 @@ class RedactionUnderWayRow(SQLModel, table=True):
     started_at: datetime
 
 
-_UNDER_WAY = table_of(RedactionUnderWayRow)
+UNDER_WAY = table_of(RedactionUnderWayRow)
+_OPEN_OF = by_key(UNDER_WAY, ("requested_by", "started_at"), ("user_id",))
+
+
+class OpenRedaction(NamedTuple):
+    """The record of a redaction under way, as a turn's admission reads it."""
+
+    requested_by: str
+    started_at: datetime
+
+
+def refuse_open(user_id: str, found: OpenRedaction | None) -> None:
+    """UserBeingRedacted (retried) if `found`, the user's record as read, is one."""
+    if found is not None:
+        raise UserBeingRedacted(
+            f"user '{user_id}' is being redacted (requested by {found.requested_by} at "
+            f"{utc(found.started_at).isoformat(timespec='seconds')}): their turns, "
+            "decisions and rotations wait until it completes"
+        )
 
 
 @dataclass(frozen=True)
@@ -81,21 +102,24 @@ class RedactionGate:
 
     def refuse_if_open(self, user_id: str) -> None:
         """UserBeingRedacted (retried) while a redaction of the user is under way."""
-        query = by_key(_UNDER_WAY, ("requested_by", "started_at"), ("user_id",))
-        with reading(self.engine) as connection:  # a plain row: every turn asks twice
-            row = connection.execute(query, {"user_id": user_id}).first()
-        if row is not None:
-            raise UserBeingRedacted(
-                f"user '{user_id}' is being redacted (requested by {row.requested_by} at "
-                f"{utc(row.started_at).isoformat(timespec='seconds')}): their turns, "
-                "decisions and rotations wait until it completes"
-            )
+        refuse_open(user_id, self._open_of(user_id))
+
+    def _open_of(self, user_id: str) -> OpenRedaction | None:
+        with reading(self.engine) as connection:  # a plain row
+            row = connection.execute(_OPEN_OF, {"user_id": user_id}).first()
+        return None if row is None else OpenRedaction(row.requested_by, row.started_at)
 
     def admit_turn(self, user_id: str, turn_id: str) -> None:
         """`refuse_if_open`, forgetting first the context the turn stored, if any: a turn
         refused here holds nothing the redaction must wait for (see the module)."""
+        self.admit_turn_as_read(user_id, turn_id, self._open_of(user_id))
+
+    def admit_turn_as_read(self, user_id: str, turn_id: str, found: OpenRedaction | None) -> None:
+        """`admit_turn` on the user's record as the turn read it (None: no redaction under
+        way) with the erasure ledger, in one statement (store/users.py
+        `UserDirectory.admission`): a turn's admission asks both, twice."""
         try:
-            self.refuse_if_open(user_id)
+            refuse_open(user_id, found)
         except UserBeingRedacted:
             with Session(self.engine) as session:
                 session.execute(
