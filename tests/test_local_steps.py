@@ -12,7 +12,8 @@ from typing import Any
 
 from temporalio.testing import WorkflowEnvironment
 
-from durable_memory.workflows.turn import PROFILE_WITH_STATUS
+from durable_memory.workflows.common import PENDING_DIFFS, USER_ID
+from durable_memory.workflows.turn import STARTER_ATTRIBUTES
 from tests.support.agent_helpers import edit_block
 from tests.support.temporal_helpers import (
     local_activity_types,
@@ -81,11 +82,12 @@ async def test_a_tool_turn_runs_the_tools_with_the_next_model_call_and_the_finis
 async def test_a_turn_records_one_patch_marker_from_its_start_to_its_last_decision(
     temporal_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
-    """Under `turn-profile-with-status` a turn asks one patch, once: a plain turn, a
+    """Under `turn-starter-attributes` a turn asks one patch, once: a plain turn, a
     tool-using turn and the decisions that close it add no other marker, nor the
     `TemporalChangeVersion` upsert the SDK adds to each patch (each an event the server
-    writes on the reply's path); the search attributes operators read are all set, and the
-    profile goes with another upsert, never in one of its own."""
+    writes on the reply's path); the search attributes operators read are all set, the
+    profile goes with another upsert, never in one of its own, and the user, status and
+    pending count the client set at the start are not upserted again in the first task."""
     script = [
         {"text": "Hello, Ada."},
         SEARCH,
@@ -101,8 +103,13 @@ async def test_a_turn_records_one_patch_marker_from_its_start_to_its_last_decisi
         for reply in (plain, tools):
             handle = temporal_env.client.get_workflow_handle(reply.workflow_id)
             events = (await handle.fetch_history()).events
-            assert patch_ids(events) == [PROFILE_WITH_STATUS]
+            assert patch_ids(events) == [STARTER_ATTRIBUTES]
             upserts = upserted_search_attributes(events)
+            assert upserts[0] == ["TemporalChangeVersion"]  # the first task's only upsert
+            assert all("DmemUserId" not in u for u in upserts)  # set by the start alone
+            attributes = (await handle.describe()).typed_search_attributes
+            assert attributes.get(USER_ID) == "ada"
+            assert attributes.get(PENDING_DIFFS) == 0  # the tool turn's diff: approved
             with_profile = [u for u in upserts if "DmemProfile" in u]
             assert len(with_profile) == 1
             assert with_profile[0] != ["DmemProfile"]  # it rode along with another upsert
@@ -110,7 +117,6 @@ async def test_a_turn_records_one_patch_marker_from_its_start_to_its_last_decisi
                 ["TemporalChangeVersion"]
             ]
             assert {a for u in upserts for a in u} >= {
-                "DmemUserId",
                 "DmemTurnStatus",
                 "DmemPendingDiffs",
                 "DmemProfile",

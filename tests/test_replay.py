@@ -34,6 +34,7 @@ from durable_memory.workflows.turn import (
     PROFILE_WITH_STATUS,
     ROTATION_CHECK_AFTER_STANDING_APPROVALS,
     SETTLED_PATCHES,
+    STARTER_ATTRIBUTES,
     TOOLS_IN_MODEL_STEP,
     WORKER_TURN_SETTINGS,
 )
@@ -55,6 +56,7 @@ def _patches(path: Path) -> set[str]:
 def test_there_are_histories_to_replay() -> None:
     assert {h.name for h in HISTORIES} >= {
         "turn_approve_reject_expire.json",
+        "turn_approve_reject_expire_before_starter_attributes.json",
         "turn_approve_reject_expire_before_profile_with_status.json",
         "turn_approve_reject_expire_before_settled_patches.json",
         "turn_approve_reject_expire_before_tools_in_model_step.json",
@@ -75,6 +77,7 @@ def test_there_are_histories_to_replay() -> None:
         "turn_standing_approval_before_tools_in_model_step.json",
         "turn_standing_approval_before_settled_patches.json",
         "turn_standing_approval_before_profile_with_status.json",
+        "turn_standing_approval_before_starter_attributes.json",
     }
     here = HISTORIES[0].parent
     # A turn under one-activity-start no longer asks for the two patches it replaces.
@@ -85,8 +88,11 @@ def test_there_are_histories_to_replay() -> None:
         ONE_ACTIVITY_START,
     }
     # Under turn-patches-settled a turn asks no other patch: one marker where there were five;
-    # turn-profile-with-status took its place as that one patch.
-    assert _patches(here / "turn_approve_reject_expire.json") == {PROFILE_WITH_STATUS}
+    # turn-profile-with-status took its place as that one patch, then turn-starter-attributes.
+    assert _patches(here / "turn_approve_reject_expire.json") == {STARTER_ATTRIBUTES}
+    assert _patches(here / "turn_approve_reject_expire_before_starter_attributes.json") == {
+        PROFILE_WITH_STATUS
+    }
     assert _patches(here / "turn_approve_reject_expire_before_profile_with_status.json") == {
         SETTLED_PATCHES
     }
@@ -148,7 +154,10 @@ def test_there_are_histories_to_replay() -> None:
     assert _patches(here / "turn_standing_approval_before_profile_with_status.json") == {
         SETTLED_PATCHES
     }
-    assert _patches(here / "turn_standing_approval.json") == {PROFILE_WITH_STATUS}
+    assert _patches(here / "turn_standing_approval_before_starter_attributes.json") == {
+        PROFILE_WITH_STATUS
+    }
+    assert _patches(here / "turn_standing_approval.json") == {STARTER_ATTRIBUTES}
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)

@@ -44,6 +44,7 @@ from tests.support.temporal_helpers import (
     rig_settings,
     running_rig,
     turn_outcome,
+    upserted_search_attributes,
 )
 
 
@@ -155,9 +156,26 @@ async def test_update_with_start_of_a_refused_user_gets_the_refusal(
         assert "invalid user id '../etc'" in _cause(refused.value).message
 
 
+@pytest.mark.parametrize(
+    "carried",
+    [
+        [],
+        # Another user's id, a status the turn is not in, a count of nothing: all corrected.
+        [
+            SearchAttributePair(USER_ID, "mallory"),
+            SearchAttributePair(TURN_STATUS, "awaiting_approval"),
+            SearchAttributePair(PENDING_DIFFS, 7),
+        ],
+    ],
+    ids=["none", "wrong"],
+)
 async def test_a_foreign_caller_gets_search_attributes_and_its_bad_decisions_refused(
-    temporal_env: WorkflowEnvironment, tmp_path: Path
+    temporal_env: WorkflowEnvironment, tmp_path: Path, carried: list[SearchAttributePair[Any]]
 ) -> None:
+    """A caller in another language that sets none of the turn's search attributes at the
+    start, or sets them wrong, has them set right by the turn in its first workflow task (a
+    turn trusts the start's only where they are what it would set: patch
+    `turn-starter-attributes`)."""
     script: list[dict[str, Any]] = [
         {"content": [edit_block("student", field="name", operation="set", value="Dora")]},
         {"text": "Hi Dora."},
@@ -165,16 +183,21 @@ async def test_a_foreign_caller_gets_search_attributes_and_its_bad_decisions_ref
     settings = rig_settings(tmp_path / "data")
     foreign = await default_converter_client(temporal_env)
     async with running_rig(temporal_env.client, settings, script) as rig:
-        workflow_id = turn_workflow_id("dora", "f1")
+        turn_id = f"f{len(carried)}"
+        workflow_id = turn_workflow_id("dora", turn_id)
         reply = await raw_turn_reply(
             foreign,
             settings.temporal.task_queue,
             workflow_id,
-            {"user_id": "dora", "turn_id": "f1", "message": "I'm Dora"},
+            {"user_id": "dora", "turn_id": turn_id, "message": "I'm Dora"},
+            TypedSearchAttributes(carried),
         )
         assert reply["reply"] == "Hi Dora."
         diff_id = reply["diffs"][0]["id"]
         handle = foreign.get_workflow_handle(workflow_id)
+        events = (await handle.fetch_history()).events
+        first_upserts = upserted_search_attributes(events)[:2]  # the patch's, then the turn's
+        assert first_upserts[1] == ["DmemPendingDiffs", "DmemTurnStatus", "DmemUserId"]
         attributes = (await handle.describe()).typed_search_attributes
         assert attributes.get(USER_ID) == "dora"
         assert attributes.get(TURN_STATUS) == "awaiting_approval"
@@ -202,7 +225,7 @@ async def test_a_foreign_caller_gets_search_attributes_and_its_bad_decisions_ref
             "decide", {**good, "decision": "reject", "reason": "no"}
         )
         assert outcome["status"] == "rejected"
-        await turn_outcome(rig.client, "dora", "f1")
+        await turn_outcome(rig.client, "dora", turn_id)
 
 
 def _quick(maximum_attempts: int) -> ActivitiesSettings:

@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RawValue, SearchAttributeUpdate
+from temporalio.common import RawValue, SearchAttributeKey, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
 from temporalio.types import MethodSyncSingleParam
 
@@ -192,6 +192,18 @@ asked next, and then each older patch, as before (`TurnWorkflow._patched`). A pa
 this one needs a settled patch of its own, asked before this one, in the same way: under a
 settled patch `_patched` answers True for every patch."""
 
+STARTER_ATTRIBUTES = "turn-starter-attributes"
+"""Patch: every turn patch above applies, as under `turn-profile-with-status` (which it replaces
+as the one patch a new turn asks), and the turn's first search attributes (its user, status
+`replying`, no pending diffs) are upserted only where the start request did not carry them
+with those values: `MemoryClient.send_message` sets them at the start, so its turns record
+one upsert fewer in their first workflow task, on the reply's path (benchmarks.md, the
+fourteenth pass); a caller that sets none, or others, still gets them set by the turn.
+Asked first, before that upsert, where a history recorded before it asks nothing: lacking its
+marker, it upserts them as before and asks `turn-profile-with-status` where it did
+(`TurnWorkflow._patched`). A patch added after this one needs a settled patch of its own,
+asked before this one, in the same way."""
+
 LEARN_ATTEMPTS = 3
 """The most attempts of `dmem.step_diffs`, the read a failed turn makes of its step's diffs."""
 
@@ -246,8 +258,9 @@ class TurnWorkflow:
         """Whether a step's tools and the next model call are one activity (patch
         `tools-in-model-step`); asked at the first tool step."""
         self._settled: bool | None = None
-        """Whether every turn patch applies (patch `turn-profile-with-status` or
-        `turn-patches-settled`); asked at the turn's first patch (`_patched`)."""
+        """Whether every turn patch applies (patch `turn-starter-attributes`, asked first,
+        `turn-profile-with-status` or `turn-patches-settled`, asked at the turn's first patch
+        without it: `_patched`)."""
         self._profile_with_status = False
         """Whether DmemProfile goes with the turn's next upsert (patch
         `turn-profile-with-status`)."""
@@ -269,14 +282,18 @@ class TurnWorkflow:
             return await self._fail(failed.failure, failed.step)
 
     async def _run(self, turn: TurnInput) -> TurnOutcome:
-        # Set here, not by the starter, so a caller in any language gets them.
-        workflow.upsert_search_attributes(
-            [
-                USER_ID.value_set(turn.user_id),
-                TURN_STATUS.value_set(TurnStatus.REPLYING.value),
-                PENDING_DIFFS.value_set(0),
-            ]
-        )
+        if workflow.patched(STARTER_ATTRIBUTES):  # asked before anything, see the patch
+            self._settled = self._profile_with_status = True
+        # Set by the turn unless the start request carried them, so that a caller in any
+        # language gets them.
+        attributes: list[tuple[SearchAttributeKey[Any], Any]] = [
+            (USER_ID, turn.user_id),
+            (TURN_STATUS, TurnStatus.REPLYING.value),
+            (PENDING_DIFFS, 0),
+        ]
+        carried = workflow.info().typed_search_attributes
+        if not (self._settled and all(carried.get(key) == value for key, value in attributes)):
+            workflow.upsert_search_attributes([key.value_set(v) for key, v in attributes])
         first: ModelStepResult | None = None
         if self._patched(ONE_ACTIVITY_START):
             started = await self._start(turn)
@@ -769,9 +786,10 @@ class TurnWorkflow:
 
     def _patched(self, patch: str) -> bool:
         """Whether `patch` applies to this turn: every one does under
-        `turn-profile-with-status` or `turn-patches-settled`, which are asked here, in that
-        order, at the first patch the turn reaches, and not again; a turn recorded before
-        both asks `patch` itself, where it always did."""
+        `turn-starter-attributes` (asked at the start of `_run`), `turn-profile-with-status`
+        or `turn-patches-settled`, the last two asked here, in that order, at the first patch
+        a turn without the first reaches, and not again; a turn recorded before all three
+        asks `patch` itself, where it always did."""
         if self._settled is None:
             self._profile_with_status = workflow.patched(PROFILE_WITH_STATUS)
             self._settled = self._profile_with_status or workflow.patched(SETTLED_PATCHES)

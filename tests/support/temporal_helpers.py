@@ -20,7 +20,7 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.api.testservice.v1 import LockTimeSkippingRequest, UnlockTimeSkippingRequest
 from temporalio.client import Client, WithStartWorkflowOperation, WorkflowHandle
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.common import TypedSearchAttributes, WorkflowIDConflictPolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
@@ -196,15 +196,23 @@ async def workflow_result(
     raise AssertionError(f"{workflow_id} never ran")
 
 
-async def raw_turn_reply(client: Client, task_queue: str, workflow_id: str, payload: Any) -> Any:
+async def raw_turn_reply(
+    client: Client,
+    task_queue: str,
+    workflow_id: str,
+    payload: Any,
+    search_attributes: TypedSearchAttributes = TypedSearchAttributes.empty,
+) -> Any:
     """What a caller in another language does: update-with-start of the turn workflow by name
-    with a plain-JSON input, returning the `reply` Update's result as that client decodes it."""
+    with a plain-JSON input (and the search attributes it sets, if any), returning the
+    `reply` Update's result as that client decodes it."""
     start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
         TURN_WORKFLOW,
         payload,
         id=workflow_id,
         task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        search_attributes=search_attributes,
     )
     return await client.execute_update_with_start_workflow("reply", start_workflow_operation=start)
 
