@@ -79,9 +79,9 @@ def _executed(engine: Engine, call: Callable[[], object]) -> list[Any]:
 
 def test_each_shape_of_a_filtered_read_is_built_once(memory: MemoryRig, engine: Engine) -> None:
     """The reads whose statement depends on the filters given (a search with roles and a time
-    window, a listing by status and label) and the redaction gate's check, which the turns
-    above do not reach in every shape: run for one user, then for another, the second runs
-    only statements the first built."""
+    window, a listing by status and label) and the redaction gate's own check (a decision's
+    and a rotation's), which the turns above do not reach in every shape: run for one user,
+    then for another, the second runs only statements the first built."""
     gate = RedactionGate(engine)
     now = datetime.now(UTC)
 
@@ -97,7 +97,7 @@ def test_each_shape_of_a_filtered_read_is_built_once(memory: MemoryRig, engine: 
             memory.recall.search(user_id, "", roles=[MessageRole.ASSISTANT], offset=1)
             memory.diffs.list(user_id, [DiffStatus.PENDING], label="human")
             memory.diffs.list(user_id, limit=5)
-            gate.admit_turn(user_id, "t1")
+            gate.refuse_if_open(user_id)
 
         return run
 

@@ -109,15 +109,12 @@ class RedactionGate:
             row = connection.execute(_OPEN_OF, {"user_id": user_id}).first()
         return None if row is None else OpenRedaction(row.requested_by, row.started_at)
 
-    def admit_turn(self, user_id: str, turn_id: str) -> None:
-        """`refuse_if_open`, forgetting first the context the turn stored, if any: a turn
-        refused here holds nothing the redaction must wait for (see the module)."""
-        self.admit_turn_as_read(user_id, turn_id, self._open_of(user_id))
-
     def admit_turn_as_read(self, user_id: str, turn_id: str, found: OpenRedaction | None) -> None:
-        """`admit_turn` on the user's record as the turn read it (None: no redaction under
-        way) with the erasure ledger, in one statement (store/users.py
-        `UserDirectory.admission`): a turn's admission asks both, twice."""
+        """`refuse_if_open` on the user's record as the turn read it (None: no redaction under
+        way), with the erasure ledger in one statement (store/users.py
+        `UserDirectory.admission`: a turn's admission asks both, twice), forgetting first the
+        context the turn stored, if any: a turn refused here holds nothing the redaction must
+        wait for (see the module)."""
         try:
             refuse_open(user_id, found)
         except UserBeingRedacted:
