@@ -69,17 +69,19 @@ class ErasureRow(SQLModel, table=True):
     readmitted_at: datetime | None = None
 
 
-_ERASURE = table_of(ErasureRow)
+ERASURES = table_of(ErasureRow)
+LEDGER_COLUMNS = (
+    ERASURES.c.id,
+    ERASURES.c.requested_by,
+    ERASURES.c.started_at,
+    ERASURES.c.completed_at,
+    ERASURES.c.readmitted_at,
+)
+"""What the per-step check decides on (`refuse_by_records`): a `LedgerRecord`."""
 _ERASURES_OF = (
-    select_columns(
-        _ERASURE.c.id,
-        _ERASURE.c.requested_by,
-        _ERASURE.c.started_at,
-        _ERASURE.c.completed_at,
-        _ERASURE.c.readmitted_at,
-    )
-    .where(*keyed(_ERASURE, "user_hash"))
-    .order_by(_ERASURE.c.id.desc())
+    select_columns(*LEDGER_COLUMNS)
+    .where(*keyed(ERASURES, "user_hash"))
+    .order_by(ERASURES.c.id.desc())
 )
 """A user's erasures, newest first: every step of every turn asks (built once, sql.py).
 Newest by id, the order the database gave the records, never by `started_at`: that is a
@@ -235,7 +237,7 @@ class ErasureLedger:
 
 
 class LedgerRecord(_ErasureState, Protocol):
-    """A row of `_ERASURES_OF`'s columns: what the per-step check decides on."""
+    """A row of `LEDGER_COLUMNS`: what the per-step check decides on."""
 
     @property
     def id(self) -> int: ...

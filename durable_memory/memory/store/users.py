@@ -32,8 +32,9 @@ from sqlmodel import Column, Field, Session, SQLModel, col, select
 
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.erasure import (
+    ERASURES,
+    LEDGER_COLUMNS,
     ErasureLedger,
-    ErasureRow,
     LedgerRecord,
     refuse_by_records,
     user_hash,
@@ -57,29 +58,25 @@ _REGISTERED_AMONG = select_columns(_USERS.c.user_id).where(
     _USERS.c.user_id.in_(bindparam("user_ids", expanding=True))
 )
 
-_ERASURE = table_of(ErasureRow)
 _ONE_ROW = select_columns(literal_column("1").label("one")).subquery("one_row")
 _ADMISSION = (
     select_columns(
-        _ERASURE.c.id,
-        _ERASURE.c.requested_by,
-        _ERASURE.c.started_at,
-        _ERASURE.c.completed_at,
-        _ERASURE.c.readmitted_at,
+        *LEDGER_COLUMNS,
         UNDER_WAY.c.requested_by.label("redaction_requested_by"),
         UNDER_WAY.c.started_at.label("redaction_started_at"),
         _USERS.c.user_id.label("listed"),
     )
     .select_from(_ONE_ROW)
-    .outerjoin(_ERASURE, _ERASURE.c.user_hash == bindparam("user_hash"))
+    .outerjoin(ERASURES, ERASURES.c.user_hash == bindparam("user_hash"))
     .outerjoin(UNDER_WAY, UNDER_WAY.c.user_id == bindparam("user_id"))
     .outerjoin(_USERS, _USERS.c.user_id == bindparam("user_id"))
-    .order_by(_ERASURE.c.id.desc())
+    .order_by(ERASURES.c.id.desc())
 )
 """A turn's admission in one statement (`UserDirectory.admission`): the user's erasure
-records, newest first (as store/erasure.py's per-step check reads them), beside the open
+records, newest first (the columns store/erasure.py's per-step check reads), beside the open
 redaction record and the user's row in the list, each repeated on every row; one row of
-NULLs where the user has none of them. Built once (sql.py `keyed`)."""
+NULLs where the user has none of them. Built once, its values bound when it runs (sql.py
+`keyed`)."""
 
 
 @dataclass(frozen=True)
