@@ -102,13 +102,12 @@ from durable_memory.models.turn import (
     TurnInput,
     TurnOutcome,
     TurnReply,
-    TurnStatus,
     forget_workflow_id,
     legacy_turn_workflow_id,
     rotation_workflow_id,
     turn_workflow_id,
 )
-from durable_memory.workflows.common import PENDING_DIFFS, TURN_STATUS, USER_ID
+from durable_memory.workflows.common import USER_ID, starting_attributes
 from durable_memory.workflows.forget import ForgetWorkflow
 from durable_memory.workflows.redact import RedactWorkflow
 from durable_memory.workflows.rotation import RotationSweepWorkflow, RotationWorkflow
@@ -315,13 +314,7 @@ class MemoryClient:
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 # What the turn sets first, set here so that it need not (its patch
                 # `turn-starter-attributes`): one upsert fewer on the reply's path.
-                search_attributes=TypedSearchAttributes(
-                    [
-                        SearchAttributePair(USER_ID, user_id),
-                        SearchAttributePair(TURN_STATUS, TurnStatus.REPLYING.value),
-                        SearchAttributePair(PENDING_DIFFS, 0),
-                    ]
-                ),
+                search_attributes=TypedSearchAttributes(starting_attributes(user_id)),
                 static_summary=f"Turn of {user_id}: {cut_at_word(message, 100)}",
             )
             return await self.client.execute_update_with_start_workflow(

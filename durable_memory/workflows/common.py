@@ -5,12 +5,12 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair
 
 from durable_memory.activities.errors import final_error_types
 from durable_memory.activities.turn import TurnActivities
 from durable_memory.models.activity_settings import ActivitySettings, RetrySettings
-from durable_memory.models.turn import WorkerTurnSettings
+from durable_memory.models.turn import TurnStatus, WorkerTurnSettings
 
 USER_ID = SearchAttributeKey.for_keyword("DmemUserId")
 TURN_STATUS = SearchAttributeKey.for_keyword("DmemTurnStatus")
@@ -23,6 +23,17 @@ DIFF_IDS = SearchAttributeKey.for_keyword_list("DmemDiffIds")
 """Every diff the turn proposed: `DmemDiffIds = '<id>'` finds the turn of a diff."""
 SEARCH_ATTRIBUTES = (USER_ID, TURN_STATUS, PENDING_DIFFS, PROFILE, FAILED_STEP, DIFF_IDS)
 """Registered by `dmem dev` and the tests' servers; docs/operations.md for another cluster."""
+
+
+def starting_attributes(user_id: str) -> list[SearchAttributePair[Any]]:
+    """A turn's search attributes as it starts: its user, status `replying`, no pending diffs.
+    `MemoryClient` sets them in the start request; the turn upserts them unless the start
+    carried exactly these (patch `turn-starter-attributes`)."""
+    return [
+        SearchAttributePair(USER_ID, user_id),
+        SearchAttributePair(TURN_STATUS, TurnStatus.REPLYING.value),
+        SearchAttributePair(PENDING_DIFFS, 0),
+    ]
 
 
 def activity_options(

@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RawValue, SearchAttributeKey, SearchAttributeUpdate
+from temporalio.common import RawValue, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
 from temporalio.types import MethodSyncSingleParam
 
@@ -82,9 +82,9 @@ with workflow.unsafe.imports_passed_through():
         PENDING_DIFFS,
         PROFILE,
         TURN_STATUS,
-        USER_ID,
         activity_options,
         backoff_delays,
+        starting_attributes,
         worker_settings,
     )
     from durable_memory.workflows.decision_queue import DecisionQueue, QueuedDecision
@@ -286,14 +286,10 @@ class TurnWorkflow:
             self._settled = self._profile_with_status = True
         # Set by the turn unless the start request carried them, so that a caller in any
         # language gets them.
-        attributes: list[tuple[SearchAttributeKey[Any], Any]] = [
-            (USER_ID, turn.user_id),
-            (TURN_STATUS, TurnStatus.REPLYING.value),
-            (PENDING_DIFFS, 0),
-        ]
+        attributes = starting_attributes(turn.user_id)
         carried = workflow.info().typed_search_attributes
-        if not (self._settled and all(carried.get(key) == value for key, value in attributes)):
-            workflow.upsert_search_attributes([key.value_set(v) for key, v in attributes])
+        if not (self._settled and all(carried.get(a.key) == a.value for a in attributes)):
+            workflow.upsert_search_attributes([a.key.value_set(a.value) for a in attributes])
         first: ModelStepResult | None = None
         if self._patched(ONE_ACTIVITY_START):
             started = await self._start(turn)
