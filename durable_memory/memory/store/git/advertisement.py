@@ -178,19 +178,20 @@ class _KeptConnections(threading.local):
             key = (parts.scheme, parts.hostname, parts.port)
         except ValueError:  # not a port: urllib says so, as an unavailable remote
             return None
-        proxies = urllib.request.getproxies()
-        if parts.scheme in proxies and not urllib.request.proxy_bypass(parts.netloc):
-            return None
         target = parts.path + (f"?{parts.query}" if parts.query else "")
         kept, used = self.open.pop(key, (None, 0.0))
         if kept is not None and time.monotonic() - used > KEEP_IDLE_S:
             kept.close()
             kept = None
         if kept is not None:
-            # One the server closed while idle fails at once (`_ask` closes it): asked once
-            # more, on a new connection.
+            # Kept: no proxy applied when it was opened (the environment is read then, ~60 us,
+            # not at every request; urllib's opener reads it once). One the server closed
+            # while idle fails at once (`_ask` closes it): asked once more, on a new one.
             with contextlib.suppress(*_STALE):
                 return self._ask(key, kept, target, headers)
+        proxies = urllib.request.getproxies()
+        if parts.scheme in proxies and not urllib.request.proxy_bypass(parts.netloc):
+            return None
         return self._ask(key, self._connect(key), target, headers)
 
     @staticmethod
