@@ -1,4 +1,4 @@
-"""`one_connection` (memory/store/sql.py): within one activity the lone statements of
+"""`one_connection` (memory/store/sql): within one activity the lone statements of
 `reading` (and on PostgreSQL `writing_once`) share one pooled connection instead of checking
 one out of the pool (and on PostgreSQL setting and resetting its isolation level) per
 statement. What must not change with it, shown on a real PostgreSQL and on SQLite: every

@@ -1,7 +1,7 @@
 """A turn's SQL statements are built once and run with their values bound, not built anew by
 every call: SQLAlchemy spends ~50 us building and keying a fresh statement for its compiled
 cache, about twice what running it on SQLite costs, and a tool-using turn runs some 30
-(store/sql.py `keyed`, docs/benchmarks.md). Measured without a clock: after a warm-up turn,
+(store/sql `keyed`, docs/benchmarks.md). Measured without a clock: after a warm-up turn,
 every statement a turn's steps execute must be an object some earlier turn executed too."""
 
 import traceback
@@ -118,7 +118,7 @@ def test_a_turn_on_postgresql_wraps_no_lone_statement_in_a_transaction(
     COMMIT after cost two more round trips (~0.15 ms each on loopback, more across hosts),
     for nothing (one statement is atomic and sees one snapshot). So a turn's transactions
     each hold two or more statements that must agree; each lone read or write runs in
-    autocommit (store/sql.py `reading`, `writing_once`). Seen at the driver: a statement run
+    autocommit (store/sql `reading`, `writing_once`). Seen at the driver: a statement run
     outside autocommit on an idle connection is the one that makes psycopg send BEGIN.
     Tool-using turns (a recall search, an archive search, a memory edit, then its approval)
     and plain ones. PostgreSQL only: SQLite's transactions are in-process, no round trip."""

@@ -38,6 +38,7 @@ from durable_memory.memory.store.sql import (
     reading,
     utc,
 )
+from durable_memory.memory.store.sql.direct import run
 from durable_memory.models.archive import (
     ArchiveSearch,
     NewPassage,
@@ -71,6 +72,8 @@ _SCHEMA_LOCK = "durable_memory.archive.schema"
 """Serialises the schema's creation: concurrent CREATE ... IF NOT EXISTS can still collide."""
 
 _COLUMNS = "seq, id, user_id, text, tags, created_at, source, label, commit_sha, chunk"
+_COUNT = text("SELECT count(*) FROM archive_passages WHERE user_id = :user")
+"""Every turn counts the user's passages (its context's metadata): built once."""
 _TEXT_VECTOR = f"to_tsvector('{POSTGRES_TEXT_CONFIG}', text)"  # as the GIN index is built
 
 
@@ -222,8 +225,7 @@ class PostgresArchive:
     def count(self, user_id: str) -> int:
         validate_user_id(user_id)
         with reading(self.engine) as conn:  # one statement: no BEGIN and COMMIT around it
-            query = text("SELECT count(*) FROM archive_passages WHERE user_id = :user")
-            return int(conn.execute(query, {"user": user_id}).scalar_one())
+            return int(run(conn, _COUNT, {"user": user_id}).scalar_one())
 
     def page(self, user_id: str, *, limit: int = 50, offset: int = 0) -> list[Passage]:
         validate_user_id(user_id)

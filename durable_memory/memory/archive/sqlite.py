@@ -6,7 +6,7 @@ a per-user version that every write bumps, so a write from another process inval
 
 Over 300 lines because it is one class: its writes, reads and the two legs of its hybrid
 search share one schema and one connection per thread; split further, each part would
-reach into the others. The SQL helpers are store/sql.py's, the vectors in memory are in
+reach into the others. The SQL helpers are store/sql's, the vectors in memory are in
 vector_cache.py.
 """
 
@@ -232,7 +232,7 @@ class SqliteArchive:
         full-text index (FTS5 keeps a deleted row's tokens in old segments until then) and
         empty the WAL (its page images hold them too)."""
         validate_user_id(user_id)
-        db = self._db()  # with secure_delete, as every connection (store/sql.py)
+        db = self._db()  # with secure_delete, as every connection (store/sql)
         with immediate(db):
             deleted = db.execute("DELETE FROM passages WHERE user_id = ?", (user_id,)).rowcount
             db.execute("DELETE FROM archive_versions WHERE user_id = ?", (user_id,))

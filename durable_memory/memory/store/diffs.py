@@ -17,6 +17,7 @@ from sqlmodel import Field, Session, SQLModel, col, select
 from durable_memory.memory.core.errors import DiffAlreadyDecided, UnknownDiff
 from durable_memory.memory.core.ids import validate_diff_id
 from durable_memory.memory.store.sql import keyed, reading, table_of, utc, writing_once
+from durable_memory.memory.store.sql.direct import run
 from durable_memory.models.diffs import DiffStatus, PendingDiff
 from durable_memory.models.operations import EditOperation
 
@@ -82,14 +83,18 @@ _UNFINISHED_APPROVALS = _plain_select().where(
     _DIFFS.c.status == DiffStatus.APPROVED.value,
     _DIFFS.c.commit_sha.is_(None),
 )
-"""Statements every turn runs, built once (store/sql.py `keyed`)."""
+"""Statements every turn runs, built once (store/sql `keyed`)."""
 
 
 @functools.cache
-def _listing(by_status: bool, by_label: bool) -> Any:
-    """`DiffStore.list`'s statement of each shape, built once (every turn lists)."""
+def _listing(statuses: int, by_label: bool) -> Any:
+    """`DiffStore.list`'s statement of each shape, built once (every turn lists): `statuses`
+    how many statuses it keeps (0: any). One status is compared, not listed: a statement
+    without an expanding parameter runs on the driver's cursor (store/sql/direct.py)."""
     query = _plain_select().where(*keyed(_DIFFS, "user_id"))
-    if by_status:
+    if statuses == 1:
+        query = query.where(*keyed(_DIFFS, "status"))
+    elif statuses:
         query = query.where(_DIFFS.c.status.in_(bindparam("statuses", expanding=True)))
     if by_label:
         query = query.where(*keyed(_DIFFS, "label"))
@@ -193,7 +198,7 @@ class DiffStore:
         with reading(self.engine) as connection:
             return [
                 _to_model(row)
-                for row in connection.execute(_UNFINISHED_APPROVALS, {"user_id": user_id})
+                for row in run(connection, _UNFINISHED_APPROVALS, {"user_id": user_id})
             ]
 
     def list(
@@ -205,13 +210,16 @@ class DiffStore:
     ) -> list[PendingDiff]:
         """Newest first."""
         key: dict[str, Any] = {"user_id": user_id, "limit": limit}
-        if statuses:
+        statuses = list(dict.fromkeys(statuses or ()))
+        if len(statuses) == 1:
+            key["status"] = statuses[0].value
+        elif statuses:
             key["statuses"] = [s.value for s in statuses]
         if label is not None:
             key["label"] = label
         with reading(self.engine) as connection:
-            query = _listing(bool(statuses), label is not None)
-            return [_to_model(row) for row in connection.execute(query, key)]
+            query = _listing(len(statuses), label is not None)
+            return [_to_model(row) for row in run(connection, query, key)]
 
     def transition(
         self,

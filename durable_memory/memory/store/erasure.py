@@ -8,7 +8,7 @@ user whose erasure has begun and not completed. The record names the user only b
 and lists no one.
 
 Deleted rows must not linger in the file: on SQLite every connection runs with
-`secure_delete` (store/sql.py: freed cells and pages are zeroed), the full-text index is
+`secure_delete` (store/sql: freed cells and pages are zeroed), the full-text index is
 merged (FTS5 keeps deleted tokens in old segments until then) and the WAL is checkpointed and
 truncated (it holds the old pages). PostgreSQL keeps dead tuples until VACUUM (docs/governance.md).
 """
@@ -33,6 +33,7 @@ from durable_memory.memory.core.errors import (
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.recall import RECALL_FTS
 from durable_memory.memory.store.sql import immediate, keyed, raw_sqlite, reading, table_of, utc
+from durable_memory.memory.store.sql.direct import run
 from durable_memory.models.turn import ErasureRecord
 
 USER_TABLES = (
@@ -197,7 +198,7 @@ class ErasureLedger:
         even once the user was started afresh (UserForgotten, `started_afresh`): the turn
         began in the memory that forget erased, and the user's new memory is not its."""
         with reading(self.engine) as connection:  # plain rows: ORM objects cost 2-3x more
-            rows = connection.execute(_ERASURES_OF, {"user_hash": user_hash(user_id)}).all()
+            rows = run(connection, _ERASURES_OF, {"user_hash": user_hash(user_id)}).all()
         return refuse_by_records(user_id, rows, since)
 
     def closed_user_hashes(self) -> set[str]:

@@ -40,6 +40,7 @@ from durable_memory.memory.store.sql import (
     utc,
     writing_once,
 )
+from durable_memory.memory.store.sql.direct import run
 from durable_memory.models.limits import MAX_QUERY_TERMS
 from durable_memory.models.recall import MessageRole, NewMessage, RecallMessage, RecallPage
 
@@ -95,7 +96,7 @@ _AFTER = (
     .order_by(_RECALL.c.id)
 )
 _AFTER_COUNTED = _AFTER.add_columns(_COUNT.scalar_subquery().label("user_total"))
-"""A turn's statements, built once (store/sql.py `keyed`)."""
+"""A turn's statements, built once (store/sql `keyed`)."""
 
 
 @functools.cache
@@ -253,7 +254,7 @@ class RecallStore:
         if rows:
             keeping = insert_keeping(self.engine, RecallMessageRow, "user_id", "turn_id", "seq")
             with writing_once(self.engine) as connection:
-                connection.execute(keeping, rows)
+                run(connection, keeping, rows)
 
     def next_seq(self, user_id: str, turn_id: str) -> int:
         """The next free seq of a turn (0 for a new turn)."""
@@ -267,7 +268,7 @@ class RecallStore:
 
     def count(self, user_id: str) -> int:
         with reading(self.engine) as connection:
-            counted: int = connection.execute(_COUNT, {"user_id": user_id}).scalar_one()
+            counted: int = run(connection, _COUNT, {"user_id": user_id}).scalar_one()
         return counted
 
     def recent(self, user_id: str, limit: int = 50) -> list[RecallMessage]:
@@ -285,14 +286,14 @@ class RecallStore:
         """The messages of one turn from `from_seq` on, in order."""
         key = {"user_id": user_id, "turn_id": turn_id, "seq": from_seq}
         with reading(self.engine) as connection:
-            return [_from_row(r) for r in connection.execute(_OF_TURN, key).all()]
+            return [_from_row(r) for r in run(connection, _OF_TURN, key).all()]
 
     def after(self, user_id: str, after_id: int) -> list[RecallMessage]:
         """Every message with an id above `after_id`, oldest first: what a context holds after
         its summary (the summary keeps this list bounded)."""
         key = {"user_id": user_id, "id": after_id}
         with reading(self.engine) as connection:
-            return [_from_row(r) for r in connection.execute(_AFTER, key).all()]
+            return [_from_row(r) for r in run(connection, _AFTER, key).all()]
 
     def after_counted(self, user_id: str, after_id: int) -> tuple[list[RecallMessage], int]:
         """`after`, and `count` of the user's messages beside it, in one statement (what a
@@ -300,7 +301,7 @@ class RecallStore:
         on PostgreSQL); one snapshot, so the count includes every message listed."""
         key = {"user_id": user_id, "id": after_id}
         with reading(self.engine) as connection:
-            rows = connection.execute(_AFTER_COUNTED, key).all()
+            rows = run(connection, _AFTER_COUNTED, key).all()
         if not rows:  # nothing after `after_id`: no row to carry the count
             return [], self.count(user_id)
         return [_from_row(r[:-1]) for r in rows], rows[0][-1]

@@ -11,6 +11,7 @@ from sqlalchemy import select as select_columns
 from sqlmodel import Field, Session, SQLModel, select
 
 from durable_memory.memory.store.sql import keyed, reading, table_of
+from durable_memory.memory.store.sql.direct import run
 
 
 class ConversationSummaryRow(SQLModel, table=True):
@@ -31,7 +32,7 @@ _LATEST = (
     .order_by(_SUMMARIES.c.through_message_id.desc())
     .limit(1)
 )
-"""The newest summary: every turn asks (built once, store/sql.py `keyed`)."""
+"""The newest summary: every turn asks (built once, store/sql `keyed`)."""
 
 
 class SummaryStore:
@@ -41,7 +42,7 @@ class SummaryStore:
     def latest(self, user_id: str) -> tuple[int, str] | None:
         """(id of the last message covered, summary text), or None."""
         with reading(self.engine) as connection:  # a plain row: every turn asks
-            row = connection.execute(_LATEST, {"user_id": user_id}).first()
+            row = run(connection, _LATEST, {"user_id": user_id}).first()
         return (row.through_message_id, row.text) if row else None
 
     def add(self, user_id: str, through_message_id: int, text: str) -> None:

@@ -32,6 +32,7 @@ from durable_memory.memory.store.sql import (
     utc,
     writing_once,
 )
+from durable_memory.memory.store.sql.direct import run
 from durable_memory.models.context import CompiledContext, PromptBase
 from durable_memory.models.llm import ModelReply, TokenUsage
 
@@ -107,7 +108,7 @@ class TurnStore:
         """`column` of the row with primary key `key`, None if there is none."""
         query = by_key(table_of(row_type), (column,), tuple(key))
         with reading(self.engine) as connection:
-            found: str | None = connection.execute(query, key).scalar()
+            found: str | None = run(connection, query, key).scalar()
         return found
 
     def _keep_first(
@@ -124,9 +125,9 @@ class TurnStore:
         of_key = by_key(table, (column,), tuple(key))
         with writing_once(self.engine) as connection:
             for _ in range(KEEP_FIRST_ROUNDS):
-                if connection.execute(keeping, values).rowcount == 1:
+                if run(connection, keeping, values).rowcount == 1:
                     return None
-                stored: str | None = connection.execute(of_key, key).scalar()
+                stored: str | None = run(connection, of_key, key).scalar()
                 if stored is not None:
                     return stored
                 # PostgreSQL (each statement alone): deleted in between (a context dropped by
@@ -153,7 +154,7 @@ class TurnStore:
         conversation window, so keeping every turn's would grow a user's rows with the square
         of the conversation's length. Idempotent."""
         with writing_once(self.engine) as connection:
-            connection.execute(_DROP_CONTEXT, {"user_id": user_id, "turn_id": turn_id})
+            run(connection, _DROP_CONTEXT, {"user_id": user_id, "turn_id": turn_id})
 
     def context(self, user_id: str, turn_id: str) -> CompiledContext:
         context = self.stored_context(user_id, turn_id)
@@ -174,7 +175,7 @@ class TurnStore:
         ~0.7 ms on PostgreSQL. A single statement sees one state of both rows."""
         key = {"user_id": user_id, "turn_id": turn_id, "step": step}
         with reading(self.engine) as connection:
-            row = connection.execute(_REPLY_AND_CONTEXT, key).one()
+            row = run(connection, _REPLY_AND_CONTEXT, key).one()
         reply = None if row.reply is None else ModelReply.model_validate_json(row.reply)
         context = None if row.body is None else CompiledContext.model_validate_json(row.body)
         return reply, context
@@ -254,7 +255,7 @@ class PromptBaseStore:
 
     def get(self, user_id: str) -> PromptBase | None:
         with reading(self.engine) as connection:
-            row = connection.execute(_base_of(), {"user_id": user_id}).first()
+            row = run(connection, _base_of(), {"user_id": user_id}).first()
         return _base(row)
 
     def with_last_reply(self, user_id: str) -> BaseRead:
@@ -262,7 +263,7 @@ class PromptBaseStore:
         the first): how long the prompt cache has gone unread (memory/agent/context.py's
         `warm_base`). One statement: two would cost a round trip more on every turn."""
         with reading(self.engine) as connection:
-            row = connection.execute(_BASE_AND_LAST_REPLY, {"user_id": user_id}).one()
+            row = run(connection, _BASE_AND_LAST_REPLY, {"user_id": user_id}).one()
         last: datetime | None = row.last_reply_at
         return BaseRead(
             _base(None if row.commit_sha is None else row), None if last is None else utc(last)
@@ -286,7 +287,7 @@ class PromptBaseStore:
             "summarized_through_message_id": base.summarized_through_message_id,
         }
         with writing_once(self.engine) as connection:
-            connection.execute(_moving(self.engine.dialect.name), values)
+            run(connection, _moving(self.engine.dialect.name), values)
 
 
 def _base(row: Any) -> PromptBase | None:

@@ -41,6 +41,7 @@ from durable_memory.memory.store.erasure import (
 )
 from durable_memory.memory.store.redaction.gate import UNDER_WAY, OpenRedaction
 from durable_memory.memory.store.sql import insert_keeping, reading, table_of, writing_once
+from durable_memory.memory.store.sql.direct import run
 
 REGISTER_BATCH = 1000
 
@@ -136,7 +137,7 @@ class UserDirectory:
         statement sees one state of the database, as each of those did."""
         params = {"user_hash": user_hash(user_id), "user_id": user_id}
         with reading(self.engine) as connection:  # plain rows, as the per-step check's
-            rows = connection.execute(_ADMISSION, params).all()
+            rows = run(connection, _ADMISSION, params).all()
         first = rows[0]  # the outer joins give at least one row
         redaction = (
             None

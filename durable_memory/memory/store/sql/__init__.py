@@ -1,6 +1,7 @@
 """The SQL specifics the stores share, each written once: how a SQLite connection is set up
 (WAL, lock waits), an immediate transaction, engine creation for SQLite and PostgreSQL, and
 the full-text indexes (SQLite FTS5 tagged with the owner of each row, PostgreSQL GIN).
+Beside it, `direct.py`: a turn's statements run on the driver's cursor.
 
 Owner-tagged indexes: recall and the embedded archive each keep one FTS5 index for every
 user. Each row holds its owner as one token, the user id's bytes in hex (one alphanumeric
