@@ -108,9 +108,11 @@ def test_a_write_stores_what_execute_stores(engine: Engine, table: Table) -> Non
     rows = _rows(table, range(10, 14))
     everything = select(*table.c).order_by(*table.primary_key.columns)
     with writing_once(engine) as connection:
-        assert run(connection, insert(table), rows[:1]).rowcount == 1  # one row
+        assert run(connection, insert(table), rows[0]).rowcount == 1  # one row
     with writing_once(engine) as connection:
-        assert run(connection, insert(table), rows[1:]).rowcount == 3  # executemany
+        assert run(connection, insert(table), rows[1:2]).rowcount == 1  # a list of one
+    with writing_once(engine) as connection:
+        assert run(connection, insert(table), rows[2:]).rowcount == 2  # executemany
     ours = _as_sqlalchemy(engine, everything, {})
     with engine.begin() as connection:
         connection.execute(table.delete())

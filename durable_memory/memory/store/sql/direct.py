@@ -108,14 +108,13 @@ _plans_lock = threading.Lock()
 
 def run(connection: Connection, statement: ClauseElement, params: Params = None) -> Outcome:
     """`connection.execute(statement, params)`, on the driver's cursor (see the module doc);
-    `params` a list of rows runs the statement once per row (executemany)."""
-    many = isinstance(params, Sequence)
-    if many:
-        assert isinstance(params, Sequence)
+    `params` a list of rows runs the statement once per row (executemany; a list of one, as
+    SQLAlchemy does, once)."""
+    if isinstance(params, Sequence):
         rows_in: Sequence[Mapping[str, Any]] = params
     else:
-        assert not isinstance(params, Sequence)
         rows_in = [params or {}]
+    many = len(rows_in) > 1
     if not rows_in:
         return Outcome([], 0)
     plan = _plan(connection.dialect, statement, tuple(rows_in[0]), many)
