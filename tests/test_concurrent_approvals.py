@@ -1,17 +1,26 @@
 """Twenty concurrent approvals for one user: every commit present, history linear, and no
-lock error reaches anyone (the decide activities contend for the user's git lock)."""
+lock error reaches anyone (the decide activities contend for the user's git lock). Nor does
+any decision fail on its way and succeed on a retry: every activity of the twenty turns ran
+once (a worker's sixteen activity threads each hold a database connection and take a second
+for a transaction; a pool too small for that had each wave of them wait 30 s and fail)."""
 
 import asyncio
 import subprocess
 from pathlib import Path
 from typing import Any
 
+from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.models.diffs import DiffStatus
+from durable_memory.models.turn import turn_workflow_id
 from tests.support.temporal_helpers import rig_settings, running_rig
 
 COUNT = 20
+ACTIVITY_FAILURES = {
+    EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED,
+    EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT,
+}
 
 
 def _profile(path: Path) -> Path:
@@ -74,3 +83,16 @@ async def test_twenty_concurrent_approvals(
         assert [blocks[f"b{i:02d}"].value for i in range(COUNT)] == [
             f"fact number {i}" for i in range(COUNT)
         ]
+        retried = []
+        for i in range(COUNT):
+            handle = temporal_env.client.get_workflow_handle(turn_workflow_id("zoe", f"z{i}"))
+            history = await handle.fetch_history()
+            failed = [e.event_type for e in history.events if e.event_type in ACTIVITY_FAILURES]
+            started = [
+                e.activity_task_started_event_attributes.attempt
+                for e in history.events
+                if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+            ]
+            if failed or any(attempt != 1 for attempt in started):
+                retried.append((f"z{i}", [EventType.Name(t) for t in failed], started))
+        assert retried == []

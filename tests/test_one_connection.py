@@ -8,7 +8,9 @@ nothing stays checked out (or locked) after the block. And the turn's activities
 it: a plain turn's first activity, which makes some 15 statements, checks out one connection
 for them."""
 
+import concurrent.futures
 import contextlib
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from durable_memory.memory.store.db import make_engine
 from durable_memory.memory.store.sql import one_connection, reading, writing_once
 from durable_memory.models.turn import TurnInput
 from durable_memory.scripted_model import ScriptedModelServer
+from durable_memory.workers.worker import ACTIVITY_THREADS
 from tests.support.postgres import fresh_schema_url
 
 
@@ -130,6 +133,46 @@ def test_a_transaction_in_the_block_has_a_connection_of_its_own(engine: Engine) 
             transaction.rollback()
         assert _count(engine) == 1  # the transaction's insert rolled back; the lone one stays
     assert _checked_out(engine) == 0
+
+
+@pytest.mark.parametrize(
+    "dialect", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_every_activity_thread_holds_a_connection_and_takes_a_transaction_at_once(
+    request: pytest.FixtureRequest, tmp_path: Path, dialect: str
+) -> None:
+    """A worker runs ACTIVITY_THREADS activities at once, each holding a connection for its
+    statements and taking a second one for a transaction: twenty approvals of one user do
+    exactly that, their commits contending for the user's git lock. A pool smaller than
+    2 x ACTIVITY_THREADS lets the threads that hold one wait for a second until the pool's
+    timeout (30 s), then fail; SQLite's engines had SQLAlchemy's 5 + 10."""
+    if dialect == "sqlite":
+        engine = make_engine(f"sqlite:///{tmp_path / 'memory.db'}")
+    else:
+        engine = make_engine(fresh_schema_url(request.getfixturevalue("postgres_url")))
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE notes (id integer PRIMARY KEY, body text NOT NULL)"))
+    all_hold_one = threading.Barrier(ACTIVITY_THREADS, timeout=60)
+    all_hold_two = threading.Barrier(ACTIVITY_THREADS, timeout=60)
+
+    def activity(note_id: int) -> int:
+        with one_connection(engine):
+            _count(engine)  # the held connection is checked out
+            all_hold_one.wait()
+            with engine.connect() as second, second.begin():
+                second.execute(text("SELECT count(*) FROM notes")).scalar_one()
+                all_hold_two.wait()  # (SQLite lets one writer in at a time: a read here)
+            _insert(engine, note_id)  # and the pool still serves each thread's writes
+            return _count(engine)
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(ACTIVITY_THREADS) as pool:
+            counts = list(pool.map(activity, range(ACTIVITY_THREADS)))
+        assert len(counts) == ACTIVITY_THREADS
+        assert _count(engine) == ACTIVITY_THREADS  # every transaction committed
+        assert _checked_out(engine) == 0
+    finally:
+        engine.dispose()
 
 
 def test_on_sqlite_reads_share_one_checkout_and_writes_stay_transactions(tmp_path: Path) -> None:

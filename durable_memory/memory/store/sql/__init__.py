@@ -139,14 +139,17 @@ def _for_lone_statements(engine: Engine, connection: Connection) -> Connection:
 
 
 POOL_SIZE = 16
-"""Connections a PostgreSQL engine keeps open between uses (SQLAlchemy's default 5): one per
-activity thread of a worker (16), each of which holds one for its activity's statements
+"""Connections an engine keeps open between uses (SQLAlchemy's default 5): one per activity
+thread of a worker (16), each of which holds one for its activity's statements
 (`one_connection`). With 5, every activity past the fifth running at once opened a connection
-of its own, a new PostgreSQL backend (a process), and closed it when the activity ended."""
+of its own (on PostgreSQL a new backend, a process) and closed it when the activity ended."""
 POOL_OVERFLOW = 29
 """Connections it may open beyond those (SQLAlchemy's default 10), 45 in all: a thread that
 holds one may take a second for a transaction, so 16 threads need up to 32 at once. With
-fewer, threads that each held one could all wait for a second until the pool's timeout."""
+fewer, threads that each held one could all wait for a second until the pool's timeout (30
+s), then fail. SQLite's engines are sized alike: with SQLAlchemy's 5 + 10 there, twenty
+approvals of one user at once waited out that timeout a wave at a time, each decision's first
+attempt failing with "QueuePool limit ... reached"."""
 
 
 class _Held(threading.local):
@@ -324,7 +327,12 @@ def create_sql_engine(url: str, *, ping_after_idle_s: float = PING_AFTER_IDLE_S)
         engine = create_engine(url, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW)
         ping_when_idle(engine, ping_after_idle_s)
         return engine
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": LOCK_WAIT_S})
+    engine = create_engine(
+        url,
+        pool_size=POOL_SIZE,
+        max_overflow=POOL_OVERFLOW,
+        connect_args={"check_same_thread": False, "timeout": LOCK_WAIT_S},
+    )
     event.listen(engine, "connect", _pragmas_on_connect)
     return engine
 
