@@ -16,10 +16,23 @@ from durable_memory.codec import data_converter_for
 from durable_memory.config import ConfigError, Settings
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
 
-DEV_SERVER_ARGS = ("--dynamic-config-value", "history.transferProcessorMaxPollRPS=10000")
-"""The dev server has one history shard whose transfer queue is polled at most 20 times a
-second by default: past a burst of 20, every workflow task waits up to 50 ms. Every server we
-start (`dmem dev`, the demo, tests, benchmarks) lifts that cap."""
+DEV_SERVER_ARGS = (
+    "--dynamic-config-value",
+    "history.transferProcessorMaxPollRPS=10000",
+    "--dynamic-config-value",
+    'history.transferProcessorUpdateAckInterval="1s"',
+)
+"""Two of the dev server's defaults that cost a caller fixed waits; every server we start
+(`dmem dev`, the demo, tests, benchmarks) changes both.
+
+- Its one history shard's transfer queue is polled at most 20 times a second: past a burst of
+  20, every workflow task waits up to 50 ms. The cap is lifted.
+- The shard records how far its transfer queue is done every 30 s, and the deletion of an
+  execution waits until that record shows the execution's close done
+  (`history.transferProcessorEnsureCloseBeforeDelete`, kept on: otherwise the close's own
+  work may be dropped). A forget ends a user's turns and then deletes them, so it waited up to
+  30 s (33-35 s measured) for that record; recorded every second, the deletion is listed gone
+  about 4 s after it is asked."""
 DEV_SERVER_STARTUP = timedelta(minutes=1)
 """The SDK allows 5 s by default; a busy 2-core machine needs more."""
 
