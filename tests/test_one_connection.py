@@ -169,7 +169,8 @@ def test_every_activity_thread_holds_a_connection_and_takes_a_transaction_at_onc
         with concurrent.futures.ThreadPoolExecutor(ACTIVITY_THREADS) as pool:
             counts = list(pool.map(activity, range(ACTIVITY_THREADS)))
         assert len(counts) == ACTIVITY_THREADS
-        assert _count(engine) == ACTIVITY_THREADS  # every transaction committed
+        assert min(counts) >= 1  # each thread read its own write back
+        assert max(counts) == _count(engine) == ACTIVITY_THREADS  # every write committed
         assert _checked_out(engine) == 0
     finally:
         engine.dispose()
