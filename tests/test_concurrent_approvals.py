@@ -14,7 +14,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.turn import turn_workflow_id
-from tests.support.temporal_helpers import rig_settings, running_rig
+from tests.support.temporal_helpers import activity_attempts, rig_settings, running_rig
 
 COUNT = 20
 ACTIVITY_FAILURES = {
@@ -88,11 +88,7 @@ async def test_twenty_concurrent_approvals(
             handle = temporal_env.client.get_workflow_handle(turn_workflow_id("zoe", f"z{i}"))
             history = await handle.fetch_history()
             failed = [e.event_type for e in history.events if e.event_type in ACTIVITY_FAILURES]
-            started = [
-                e.activity_task_started_event_attributes.attempt
-                for e in history.events
-                if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
-            ]
-            if failed or any(attempt != 1 for attempt in started):
-                retried.append((f"z{i}", [EventType.Name(t) for t in failed], started))
+            attempts = activity_attempts(history.events)  # regular and local
+            if failed or any(attempt != 1 for _, attempt in attempts):
+                retried.append((f"z{i}", [EventType.Name(t) for t in failed], attempts))
         assert retried == []

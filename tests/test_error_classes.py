@@ -56,7 +56,7 @@ from durable_memory.models.activity_settings import (
 from durable_memory.models.recall import MessageRole, NewMessage
 from durable_memory.models.turn import TurnInput, turn_workflow_id
 from durable_memory.workflows.common import activity_options
-from tests.support.temporal_helpers import Rig, local_activity_marker, rig_settings, running_rig
+from tests.support.temporal_helpers import Rig, activity_attempts, rig_settings, running_rig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -299,21 +299,14 @@ async def _failed_turn(rig: Rig, user_id: str, turn_id: str) -> FailedTurn:
     handle = rig.client.client.get_workflow_handle(turn_workflow_id(user_id, turn_id))
     assert (await handle.describe()).status is WorkflowExecutionStatus.FAILED
     history = await handle.fetch_history()
-    types: dict[int, str] = {}
-    turn = FailedTurn(failure="", attempts={}, final_types={})
+    turn = FailedTurn(failure="", attempts=dict(activity_attempts(history.events)), final_types={})
     for event in history.events:
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             scheduled = event.activity_task_scheduled_event_attributes
-            types[event.event_id] = scheduled.activity_type.name
             final_types = list(scheduled.retry_policy.non_retryable_error_types)
             turn.final_types[scheduled.activity_type.name] = final_types
-        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
-            started = event.activity_task_started_event_attributes
-            turn.attempts[types[started.scheduled_event_id]] = started.attempt
         elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
             turn.failure = _failure_text(event.workflow_execution_failed_event_attributes.failure)
-        elif local := local_activity_marker(event):  # a local step: its worker retried it
-            turn.attempts[local["activity_type"]] = local["attempt"]
     return turn
 
 

@@ -229,6 +229,24 @@ def local_activity_marker(event: HistoryEvent) -> dict[str, Any] | None:
     return None
 
 
+def activity_attempts(events: Iterable[HistoryEvent]) -> list[tuple[str, int]]:
+    """(activity type, last attempt) of each activity a history recorded, in order: a
+    regular one's from its started event, a local one's from its marker (its worker retried
+    it, unseen by the server)."""
+    scheduled: dict[int, str] = {}
+    attempts: list[tuple[str, int]] = []
+    for event in events:
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            activity = event.activity_task_scheduled_event_attributes.activity_type.name
+            scheduled[event.event_id] = activity
+        elif event.HasField("activity_task_started_event_attributes"):
+            started = event.activity_task_started_event_attributes
+            attempts.append((scheduled[started.scheduled_event_id], started.attempt))
+        elif local := local_activity_marker(event):
+            attempts.append((local["activity_type"], local["attempt"]))
+    return attempts
+
+
 def patch_ids(events: Iterable[HistoryEvent]) -> list[str]:
     """The ids of the patches a history recorded (its `core_patch` markers), in order."""
     return [
