@@ -323,17 +323,17 @@ def create_sql_engine(url: str, *, ping_after_idle_s: float = PING_AFTER_IDLE_S)
     `connect_sqlite`) or PostgreSQL (`postgresql://` means the psycopg 3 driver)."""
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
-    if not url.startswith("sqlite"):
-        engine = create_engine(url, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW)
-        ping_when_idle(engine, ping_after_idle_s)
-        return engine
-    engine = create_engine(
+    sqlite = url.startswith("sqlite")
+    engine = create_engine(  # one pool size for both (POOL_OVERFLOW says why)
         url,
         pool_size=POOL_SIZE,
         max_overflow=POOL_OVERFLOW,
-        connect_args={"check_same_thread": False, "timeout": LOCK_WAIT_S},
+        connect_args={"check_same_thread": False, "timeout": LOCK_WAIT_S} if sqlite else {},
     )
-    event.listen(engine, "connect", _pragmas_on_connect)
+    if sqlite:
+        event.listen(engine, "connect", _pragmas_on_connect)
+    else:
+        ping_when_idle(engine, ping_after_idle_s)
     return engine
 
 
