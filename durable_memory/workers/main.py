@@ -66,8 +66,12 @@ async def _serve(client: Client, settings: Settings, model: ChatModel) -> None:
         memory.close()
     print(f"{local_users} user(s) on this worker's disk registered", file=sys.stderr)
     print(said, file=sys.stderr)
-    print(f"worker on task queue {settings.temporal.task_queue}; Ctrl-C stops", file=sys.stderr)
-    await run_worker(client, settings, model, stop)
+    queue = settings.temporal.task_queue
+
+    def polling() -> None:
+        print(f"worker on task queue {queue}; Ctrl-C stops", file=sys.stderr)
+
+    await run_worker(client, settings, model, stop, polling)
     print("worker stopped", file=sys.stderr)
 
 
