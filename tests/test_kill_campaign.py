@@ -64,7 +64,11 @@ DEAD_S = (0.0, 1.0)
 PAUSE_S = (0.0, 0.5)
 """A user's pause between a reply and its decision, and between turns."""
 CALL_TIMEOUT_S = 75.0
-"""Bound on any one call of the campaign: a hang fails the test instead of stalling CI."""
+"""Bound on any one call of the campaign once the kills are over: a hang fails the test instead
+of stalling CI. While workers are still being killed a call has no bound of its own (the kills
+are bounded): each kill costs a turn whose workflow task the worker held that task's 10 s
+timeout, and a worker is up for a third of the time, less on a busy machine, so a turn can
+take most of the campaign (113 s, with another test process on the two cores)."""
 DECISIONS = ["approve", "reject", "edit", "signal"]
 """approve and reject by Update, edit-then-approve by Update, approve by signal."""
 APPROVER = "ms-rivera"
@@ -113,8 +117,13 @@ def respond(request: dict[str, Any]) -> dict[str, Any]:
     return {"content": [edit_block("human", "campaign", operation="add_context", value=note)]}
 
 
-async def bounded(call: Awaitable[T]) -> T:
-    return await asyncio.wait_for(call, CALL_TIMEOUT_S)
+async def bounded(call: Awaitable[T], killing: asyncio.Task[None] | None = None) -> T:
+    """`call`'s result, or TimeoutError if it has not ended CALL_TIMEOUT_S after `killing`
+    (the kills, if still going) is over."""
+    running = asyncio.ensure_future(call)
+    if killing is not None and not killing.done():
+        await asyncio.wait({running, killing}, return_when=asyncio.FIRST_COMPLETED)
+    return await asyncio.wait_for(running, CALL_TIMEOUT_S)
 
 
 class KillingSupervisor:
@@ -198,7 +207,9 @@ class Campaign:
         message = f"{tag(user_id, turn_id)} we talked about the robot arm again"
         self.ledger.sent[(user_id, turn_id)] = message
         try:
-            reply = await bounded(self.client.send_message(user_id, message, turn_id=turn_id))
+            reply = await bounded(
+                self.client.send_message(user_id, message, turn_id=turn_id), self.killing
+            )
         except Exception as error:
             self.ledger.problem(where, f"send_message raised {error!r}")
             return
@@ -210,7 +221,9 @@ class Campaign:
             decision = Decision(user_id, turn_id, kind)
             self.ledger.decisions[diff.id] = decision
             try:
-                decision.outcome = await bounded(self.decide(user_id, turn_id, diff.id, kind))
+                decision.outcome = await bounded(
+                    self.decide(user_id, turn_id, diff.id, kind), self.killing
+                )
             except DecisionNotApplied as error:
                 # An approval that no longer applies (a rotation of the block committed since
                 # the proposal, which a reviewer's whole-block edit would overwrite) is
@@ -221,7 +234,7 @@ class Campaign:
             except Exception as error:
                 self.ledger.problem(where, f"{kind} of {diff.id} raised {error!r}")
         try:
-            await bounded(self.turn_result(user_id, turn_id))
+            await bounded(self.turn_result(user_id, turn_id), self.killing)
         except Exception as error:
             self.ledger.problem(where, f"waiting for the turn's end raised {error!r}")
 

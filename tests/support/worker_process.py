@@ -20,7 +20,12 @@ from durable_memory.models.activity_settings import (
 )
 from tests.support.temporal_helpers import rig_settings
 
-FAST = ActivitySettings(start_to_close_s=4, retry=RetrySettings(initial_interval_s=0.2))
+FAST = ActivitySettings(
+    start_to_close_s=4, retry=RetrySettings(initial_interval_s=0.2, maximum_interval_s=2.0)
+)
+"""An activity lost with its worker is retried after 4 s, then 0.2 s, doubling up to 2 s (the
+default's 60 s would have an activity lost to seven kills in a row wait 25 s more, after
+them)."""
 STICKY_S = 1.0
 
 
