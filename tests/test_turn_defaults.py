@@ -24,6 +24,7 @@ from durable_memory.models.activity_settings import (
 )
 from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.turn import RejectedSignals, TurnOutcome, TurnStatus, turn_workflow_id
+from durable_memory.workflows.common import activity_options, local_activity_options
 from durable_memory.workflows.turn_boundary import INVALID_INPUT
 from tests.support.agent_helpers import edit_block
 from tests.support.temporal_helpers import (
@@ -37,7 +38,9 @@ from tests.support.temporal_helpers import (
 )
 
 UNUSUAL_STEP = ActivitySettings(
-    start_to_close_s=17, retry=RetrySettings(initial_interval_s=0.3, maximum_attempts=4)
+    start_to_close_s=17,
+    retry=RetrySettings(initial_interval_s=0.3, maximum_attempts=4),
+    heartbeat_s=7,
 )
 """Activity options no default has, so the history shows whose options a turn ran with."""
 
@@ -101,6 +104,7 @@ async def test_a_turn_with_only_the_callers_fields_runs_with_the_workers_setting
     assert set(local_activity_types(events)) == {"dmem.run_tools", "dmem.finish_turn"}
     for activity in scheduled:  # every regular step took the worker's options
         assert activity.start_to_close_timeout.ToTimedelta() == timedelta(seconds=17)
+        assert activity.heartbeat_timeout.ToTimedelta() == timedelta(seconds=7)
         assert activity.retry_policy.maximum_attempts == 4
         assert activity.retry_policy.initial_interval.ToTimedelta() == timedelta(seconds=0.3)
     (timer,) = [
@@ -222,3 +226,21 @@ async def test_decisions_need_no_redundant_fields_and_old_shapes_still_work(
         == "decide"
     ]
     assert _payload_keys(update.args.payloads[0].data) == {"diff_id", "approver", "decision"}
+
+
+def test_an_activity_has_a_heartbeat_timeout_only_where_it_is_shorter_than_an_attempt() -> None:
+    """A regular activity gets `heartbeat_s` (its worker heartbeats it: workers/heartbeats.py)
+    unless that is None or no shorter than `start_to_close_s` (the kill tests' 4 s attempts);
+    a local activity never does (the SDK takes none)."""
+    long = ActivitySettings(start_to_close_s=120)
+    assert activity_options(long)["heartbeat_timeout"] == timedelta(seconds=10)
+    for settings in (
+        ActivitySettings(start_to_close_s=4),
+        ActivitySettings(start_to_close_s=120, heartbeat_s=None),
+        ActivitySettings(start_to_close_s=10, heartbeat_s=10),
+    ):
+        assert "heartbeat_timeout" not in activity_options(settings)
+    assert "heartbeat_timeout" not in local_activity_options(long)
+    assert local_activity_options(long).keys() == activity_options(long).keys() - {
+        "heartbeat_timeout"
+    }

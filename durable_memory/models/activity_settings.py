@@ -30,11 +30,19 @@ class RetrySettings(BaseModel):
         return value
 
 
+DEFAULT_HEARTBEAT_S = 10.0
+
+
 class ActivitySettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     start_to_close_s: float = Field(gt=0)
     retry: RetrySettings = RetrySettings()
+    heartbeat_s: float | None = Field(default=DEFAULT_HEARTBEAT_S, gt=0)
+    """The activity's heartbeat timeout: its worker heartbeats it while it runs (every third
+    of this), so an attempt whose worker died is retried after this long, not after its
+    `start_to_close_s` (a model call's 120 s). None, or not less than `start_to_close_s`:
+    no heartbeat, the attempt's `start_to_close_s` alone. Local activities never have one."""
 
 
 def _activity(start_to_close_s: float, **retry: float) -> ActivitySettings:

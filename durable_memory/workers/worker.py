@@ -30,6 +30,7 @@ from durable_memory.bootstrap import MemoryStack, stack_from_settings
 from durable_memory.config import ConfigError, Settings
 from durable_memory.memory.agent.steps import ChatModel
 from durable_memory.memory.core.tokens import load_encoding
+from durable_memory.workers.heartbeats import Heartbeats
 from durable_memory.workers.sandbox import sandboxed_runner
 from durable_memory.workflows.common import SEARCH_ATTRIBUTES
 from durable_memory.workflows.forget import ForgetWorkflow
@@ -134,6 +135,7 @@ def build_worker(
             seconds=settings.temporal.sticky_schedule_to_start_s
         ),
         build_id=build_id(),
+        interceptors=[Heartbeats()],
     )
 
 

@@ -39,8 +39,21 @@ def starting_attributes(user_id: str) -> list[SearchAttributePair[Any]]:
 def activity_options(
     settings: ActivitySettings, *, also_final: Sequence[str] = ()
 ) -> dict[str, Any]:
-    """Timeout and retry policy of an activity; `also_final` names error types the workflow
-    handles itself, which Temporal must then not retry either (they reach it at once)."""
+    """Timeouts and retry policy of a regular activity; `also_final` names error types the
+    workflow handles itself, which Temporal must then not retry either (they reach it at
+    once). `local_activity_options` for a local one."""
+    options = local_activity_options(settings, also_final=also_final)
+    heartbeat = settings.heartbeat_s
+    if heartbeat is not None and heartbeat < settings.start_to_close_s:
+        options["heartbeat_timeout"] = timedelta(seconds=heartbeat)  # the worker's Heartbeats
+    return options
+
+
+def local_activity_options(
+    settings: ActivitySettings, *, also_final: Sequence[str] = ()
+) -> dict[str, Any]:
+    """`activity_options` without the heartbeat timeout, which a local activity does not take
+    (it runs inside its workflow task: a dead worker is noticed by that task's timeout)."""
     retry = settings.retry
     return {
         "start_to_close_timeout": timedelta(seconds=settings.start_to_close_s),

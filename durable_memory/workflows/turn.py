@@ -84,6 +84,7 @@ with workflow.unsafe.imports_passed_through():
         TURN_STATUS,
         activity_options,
         backoff_delays,
+        local_activity_options,
         starting_attributes,
         worker_settings,
     )
@@ -403,11 +404,11 @@ class TurnWorkflow:
     ) -> StepResult:
         """One of the cheap steps on the worker's stores, with the `memory` options: a local
         activity under the patch `local-turn-steps`, a regular one in turns from before."""
-        options = activity_options(self._activities.memory)
+        memory = self._activities.memory
         if self._local_steps:
             try:
                 return await workflow.execute_local_activity_method(
-                    step, arg, summary=summary, **options
+                    step, arg, summary=summary, **local_activity_options(memory)
                 )
             except FailureError as error:
                 if isinstance(error, ActivityError | CancelledError):
@@ -416,7 +417,9 @@ class TurnWorkflow:
                 # ActivityError a regular one gives: the turn must fail the same way.
                 name = activity_name(step)
                 raise LocalStepFailed(local_step_failure(error, name), name) from None
-        return await workflow.execute_activity_method(step, arg, summary=summary, **options)
+        return await workflow.execute_activity_method(
+            step, arg, summary=summary, **activity_options(memory)
+        )
 
     @property
     def _activities(self) -> ActivitiesSettings:
@@ -501,7 +504,7 @@ class TurnWorkflow:
         retry: under the `memory` policy, at most `LEARN_ATTEMPTS` times, so the failure's
         answer is not held back long. If the read fails too, the turn's own failure is the
         one reported."""
-        options = activity_options(self._activities.memory)
+        options = local_activity_options(self._activities.memory)
         policy = options["retry_policy"]
         attempts = min(policy.maximum_attempts or LEARN_ATTEMPTS, LEARN_ATTEMPTS)
         options["retry_policy"] = dataclasses.replace(policy, maximum_attempts=attempts)
