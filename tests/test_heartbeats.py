@@ -5,6 +5,7 @@ waited for on its first attempt; and a cancellation a heartbeat brings (the turn
 never interrupts an activity mid-step."""
 
 import asyncio
+import logging
 import threading
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import TimeoutType
+from temporalio.exceptions import CancelledError
 from temporalio.testing import WorkflowEnvironment
 
 from durable_memory.bootstrap import stack_from_settings
@@ -48,6 +50,18 @@ SCRIPT: list[dict[str, Any]] = [
     },
     {"text": "Welcome, Alice."},
 ]
+
+
+def cancelled_start_turn(records: list[logging.LogRecord]) -> bool:
+    """Whether the SDK logged `dmem.start_turn` ending with a cancellation."""
+    return any(
+        "dmem.start_turn" in record.getMessage()
+        and (
+            record.getMessage().startswith("Completing as cancelled")
+            or (record.exc_info is not None and record.exc_info[0] is CancelledError)
+        )
+        for record in records
+    )
 
 
 def with_long_steps(settings: Settings, *kinds: str) -> Settings:
@@ -135,13 +149,15 @@ async def test_an_activity_longer_than_its_heartbeat_timeout_lives_while_its_wor
 
 
 async def test_a_cancellation_a_heartbeat_brings_never_interrupts_a_step(
-    temporal_env: WorkflowEnvironment, tmp_path: Path
+    temporal_env: WorkflowEnvironment, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The turn is terminated while its first model call is held: the next heartbeat learns
     it and the SDK cancels the activity, which it would do by raising into the activity's
     thread at whatever line it runs (in a worker that goes on: a lock left held, a pool
-    half-updated). Shielded, the step ends as it would have (the reply stored and in recall)
-    and the worker serves the user's next turn."""
+    half-updated). Shielded, the step ends as it would have (the reply stored and in recall),
+    the cancellation is raised after it (the SDK's log shows it reached the activity), and
+    the worker serves the user's next turn."""
+    caplog.set_level(logging.DEBUG, logger="temporalio.activity")
     settings = with_long_steps(rig_settings(tmp_path / "data"), "model_call")
     release = threading.Event()
     answers = iter(SCRIPT)
@@ -160,7 +176,7 @@ async def test_a_cancellation_a_heartbeat_brings_never_interrupts_a_step(
         assert rig.model_server.requests
         handle = rig.client.client.get_workflow_handle(turn_workflow_id("cut", "c1"))
         await handle.terminate("the test ends the turn mid model call")
-        await asyncio.sleep(3 * HEARTBEAT_S)  # heartbeats every 2/3 s: the cancellation is in
+        await asyncio.sleep(4 * HEARTBEAT_S)  # the next heartbeat brings the cancellation
         release.set()
         stored = None
         for _ in range(600):
@@ -173,6 +189,11 @@ async def test_a_cancellation_a_heartbeat_brings_never_interrupts_a_step(
         assert roles == [MessageRole.USER, MessageRole.TOOL_CALL]
         with pytest.raises(TurnFailed):  # its caller is told the turn ended
             await asyncio.wait_for(sending, 30)
+        for _ in range(600):  # the step's end is reported once it has returned
+            if cancelled_start_turn(caplog.records):
+                break
+            await asyncio.sleep(0.05)
+        assert cancelled_start_turn(caplog.records), "no cancellation reached the activity"
         answers = iter([{"text": "Hello again."}])
         again = await asyncio.wait_for(rig.client.send_message("cut", "Again", turn_id="c2"), 60)
         assert again.reply == "Hello again."

@@ -2,8 +2,8 @@
 every turn would upsert it, fail its workflow task and retry forever without answering. The
 error names each missing attribute and the one command that registers them. A worker makes
 the rotation sweep's Schedule unless its configuration leaves it to others. It says it polls
-only once it does, with what a start loads already loaded, and stamps its workflow tasks with
-a digest of our source."""
+only once its Temporal worker has started, with what a start loads already loaded, and stamps
+its workflow tasks with a digest of our source."""
 
 import asyncio
 import concurrent.futures

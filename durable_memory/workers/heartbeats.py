@@ -10,9 +10,10 @@ on an instant model) sends none, so the turn's path pays one timer set and cance
 
 What the heartbeat proves is that the worker process and its event loop are alive, not that
 the activity makes progress: an activity stuck in a live worker still ends at its
-`start_to_close`, as before. Heartbeats carry no details; no activity of ours resumes from
-them. Local activities have no heartbeat timeout (a dead worker is noticed by their
-workflow task's timeout) and are left alone.
+`start_to_close`, as before. These heartbeats carry no details (they replace those of the
+two forget and redaction activities that heartbeat their progress; no activity of ours
+resumes from heartbeat details). Local activities have no heartbeat timeout (a dead worker
+is noticed by their workflow task's timeout) and are left alone.
 
 A heartbeat's answer also brings cancellations: the activity's workflow ended (a forget ends
 a user's turns) or asked to cancel it. The SDK delivers one to a synchronous activity by
@@ -25,7 +26,6 @@ cancellation is raised once it returns.
 
 import asyncio
 import functools
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -55,7 +55,7 @@ class _HeartbeatingActivity(ActivityInboundInterceptor):
         super().init(outbound)
 
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
-        if not inspect.iscoroutinefunction(input.fn):
+        if input.executor is not None:  # the SDK runs a synchronous activity in its executor
             input.fn = functools.partial(_shielded, input.fn)
         info = activity.info()
         timeout = info.heartbeat_timeout
@@ -81,8 +81,8 @@ class _Beating:
         self._next = self._loop.call_later(every_s, self._beat)
 
     def _beat(self) -> None:
+        self._next = self._loop.call_later(self._every_s, self._beat)  # even if this one fails
         self._heartbeat()
-        self._next = self._loop.call_later(self._every_s, self._beat)
 
     def stop(self) -> None:
         self._next.cancel()

@@ -214,7 +214,8 @@ async def run_worker(
     polling: Callable[[], None] = lambda: None,
 ) -> None:
     """Run until `stop` is set, then shut down gracefully. `polling` is called once the
-    worker polls its task queue (not before: what a start loads comes first)."""
+    Temporal worker has started, its pollers with it (not before: what a start loads, the
+    tokenizer and the freeze, comes first)."""
     stack = stack_from_settings(settings)
     with concurrent.futures.ThreadPoolExecutor(ACTIVITY_THREADS) as executor:
         worker = build_worker(client, settings, stack, model, executor)
