@@ -66,9 +66,10 @@ PAUSE_S = (0.0, 0.5)
 CALL_TIMEOUT_S = 75.0
 """Bound on any one call of the campaign once the kills are over: a hang fails the test instead
 of stalling CI. While workers are still being killed a call has no bound of its own (the kills
-are bounded): each kill costs a turn whose workflow task the worker held that task's 10 s
-timeout, and a worker is up for a third of the time, less on a busy machine, so a turn can
-take most of the campaign (113 s, with another test process on the two cores)."""
+are bounded): each kill costs the turns whose workflow task the worker held that task's 10 s
+timeout, and those whose activity it ran the activity's 4 s and a backoff, and a worker is up
+for a third of the time, less on a busy machine, so a turn can take most of the campaign
+(113 s once, with another test process on the two cores)."""
 DECISIONS = ["approve", "reject", "edit", "signal"]
 """approve and reject by Update, edit-then-approve by Update, approve by signal."""
 APPROVER = "ms-rivera"

@@ -13,15 +13,15 @@ the activity makes progress: an activity stuck in a live worker still ends at it
 `start_to_close`, as before. These heartbeats carry no details (they replace those of the
 two forget and redaction activities that heartbeat their progress; no activity of ours
 resumes from heartbeat details). Local activities have no heartbeat timeout (a dead worker
-is noticed by their workflow task's timeout) and are left alone.
+is noticed by their workflow task's timeout) and get no heartbeats.
 
 A heartbeat's answer also brings cancellations: the activity's workflow ended (a forget ends
 a user's turns) or asked to cancel it. The SDK delivers one to a synchronous activity by
 raising CancelledError into its thread at whatever bytecode it is running, which in a worker
 that lives on could leave a lock held or a connection pool half-updated. So every synchronous
-activity of ours runs shielded (`activity.shield_thread_cancel_exception`): it finishes its
-step (each refuses to write for an ended turn or a forgotten user, as after a kill) and the
-cancellation is raised once it returns.
+activity of ours, local ones included, runs shielded (`activity.shield_thread_cancel_exception`):
+it finishes its step (each refuses to write for an ended turn or a forgotten user, as after a
+kill) and the cancellation is raised once it returns.
 """
 
 import asyncio
