@@ -25,7 +25,6 @@ from durable_memory.models.diffs import DiffStatus
 from durable_memory.models.recall import MessageRole
 from durable_memory.models.turn import turn_workflow_id
 from durable_memory.scripted_model import ScriptedModelServer
-from tests.support.agent_helpers import edit_block
 from tests.support.git_checks import assert_fsck_clean
 from tests.support.temporal_helpers import (
     activity_attempts,
@@ -35,6 +34,7 @@ from tests.support.temporal_helpers import (
 )
 from tests.support.worker_process import address as _address
 from tests.support.worker_process import crash_settings, worker_process
+from tests.test_crash import SCRIPT
 
 HEARTBEAT_S = 2.0
 LONG = ActivitySettings(
@@ -42,14 +42,6 @@ LONG = ActivitySettings(
 )
 """A model call's default `start_to_close` (120 s), longer than the tests wait for anything,
 with a short heartbeat timeout."""
-SCRIPT: list[dict[str, Any]] = [
-    {
-        "content": [
-            edit_block("student", "she said so", field="name", operation="set", value="Alice")
-        ]
-    },
-    {"text": "Welcome, Alice."},
-]
 
 
 def cancelled_start_turn(records: list[logging.LogRecord]) -> bool:
@@ -102,22 +94,23 @@ async def test_a_killed_workers_activity_is_taken_over_after_its_heartbeat_timeo
             outcome = await asyncio.wait_for(turn_outcome(client, "hb", "h1"), 60)
     assert [d.status for d in outcome.decisions] == [DiffStatus.APPROVED]
     history = await client.client.get_workflow_handle(turn_workflow_id("hb", "h1")).fetch_history()
-    scheduled = {
-        e.event_id: e.activity_task_scheduled_event_attributes
-        for e in history.events
-        if e.HasField("activity_task_scheduled_event_attributes")
-    }
-    retried = [
-        (scheduled[started.scheduled_event_id].activity_type.name, started)
+    retried = [(name, n) for name, n in activity_attempts(history.events) if n > 1]
+    assert retried == [(activity, 2)]  # regular and local steps: only the killed one again
+    (retry,) = [
+        e.activity_task_started_event_attributes
         for e in history.events
         if e.HasField("activity_task_started_event_attributes")
-        and (started := e.activity_task_started_event_attributes).attempt > 1
+        and e.activity_task_started_event_attributes.attempt > 1
     ]
-    assert [(name, started.attempt) for name, started in retried] == [(activity, 2)]
-    assert retried[0][1].last_failure.timeout_failure_info.timeout_type == (
+    assert retry.last_failure.timeout_failure_info.timeout_type == (
         TimeoutType.TIMEOUT_TYPE_HEARTBEAT
     )
-    (options,) = [a for a in scheduled.values() if a.activity_type.name == activity]
+    (options,) = [
+        e.activity_task_scheduled_event_attributes
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+        and e.activity_task_scheduled_event_attributes.activity_type.name == activity
+    ]
     assert options.heartbeat_timeout.ToTimedelta().total_seconds() == HEARTBEAT_S
     assert_fsck_clean(stack.git.repo_path("hb"))
     stack.close()
