@@ -174,10 +174,13 @@ def endless_answer(body: dict[str, Any]) -> dict[str, Any]:
 
 class EndlessScript(ScriptedModelServer):
     """Answers every request at once (`endless_answer`). Keeps no requests, so a long run
-    does not grow."""
+    does not grow. Keeps connections alive, as the Messages API does: neither side of a
+    benchmark pays a TCP connect per model call, which the physical floor does not."""
 
     def __init__(self, port: int = 0) -> None:
-        super().__init__([], port=port, record_requests=False, respond=endless_answer)
+        super().__init__(
+            [], port=port, record_requests=False, respond=endless_answer, keep_alive=True
+        )
 
 
 def serve_endless(port: int, ready: EventType, stop: EventType) -> None:

@@ -7,7 +7,9 @@ client (this process, its own data dir) and the scripted model server answering 
   that makes a plain `git commit` in a local clone and `git push`es it to the same server;
 - turn start -> reply (a plain one, and a tool-using one: model -> tool -> model) on one
   worker, against the floor worker's update-with-start + only the model call(s) as regular
-  activities (the same scripted model) + the reply;
+  activities (the same scripted model) + the reply; each leg's user has memory already
+  (their first turn runs before the leg);
+- a new user's first turn (their memory created, pushed and cloned) beside a floor turn;
 - turn start -> reply with two workers on the task queue, against the same turns with one;
 - throughput at 50 users, two workers against one (the users' repositories exist beforehand).
 
@@ -21,7 +23,7 @@ loopback, `make bench` does it) or give --database-url.
 One module (over 300 lines), as each benchmark here is: the hosts it starts, the floors and the
 figures read together; what other benchmarks share lives in common.py and processes.py.
 
-    pg_virtualenv -t .venv/bin/python -m bench.distributed [--turns 20] [--users 50]
+    pg_virtualenv -t .venv/bin/python -m bench.distributed [--turns 40] [--users 50]
                                                            [--leg-turns 100] [--out results.json]
 """
 
@@ -65,7 +67,9 @@ from bench.floor import (
     plain_git_push,
 )
 from bench.pipeline import (
+    FIRST_TURNS,
     Turn,
+    first_turns,
     history_spans,
     our_workflow_ids,
     ratio_line,
@@ -365,6 +369,7 @@ async def measure(
         ("tool_turn_reply", "search", 2, "tool turn: model-tool-model"),
     ):
         ours, floor, floor_ids = [], [], []
+        await one.send_message(key, f"{say} -1")  # a user with memory: see `first_turns`
         for i in range(args.turns):  # interleaved, so both see the same machine state
             ours.append(await timed_ms(one.send_message(key, f"{say} {i}")))
             t = time.perf_counter()
@@ -376,7 +381,13 @@ async def measure(
         print("   floor:")
         spans["floor"] = await history_spans(temporal, floor_ids[-10:])
         results[f"{key}_spans"] = spans
+    results["first_turn_reply"] = await first_turns(
+        lambda i: turn_one(i, f"first-{i}"), lambda i: floor_turn(i, 1), FIRST_TURNS
+    )
     ours, floor = [], []
+    for _ in range(3):  # users with memory, and (most likely) a clone on each worker
+        await turn_two(-1, "latency-two")
+    await turn_one(-1, "latency-one")
     for i in range(args.turns):
         ours.append(await timed_ms(turn_two(i, "latency-two")))
         floor.append(await timed_ms(turn_one(i, "latency-one")))
@@ -480,7 +491,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--turns", type=int, default=20, help="latency samples of each kind")
+    parser.add_argument("--turns", type=int, default=40, help="latency samples of each kind")
     parser.add_argument("--users", type=int, default=50, help="concurrent users, throughput")
     parser.add_argument("--leg-turns", type=int, default=100, help="turns per throughput leg")
     parser.add_argument("--database-url", help="PostgreSQL (default: pg_virtualenv's PG*)")

@@ -2,6 +2,9 @@
 the same run (same dev server, worker settings and converter). The model is the scripted
 server, in a process of its own, answering at once, so the figures are our own cost.
 
+Each latency leg's user has memory already (their first turn, which creates it, runs before
+the leg); a new user's first turn is a leg of its own (`first_turns`).
+
     .venv/bin/python -m bench.pipeline [--turns 40] [--users 1,10,50] [--leg-turns 100]
                                        [--out results.json]
 
@@ -27,6 +30,8 @@ import concurrent.futures
 import itertools
 import json
 import os
+import random
+import statistics
 import tempfile
 import time
 import uuid
@@ -101,14 +106,53 @@ def cpu_line(cpu: dict[str, float], turns: int) -> dict[str, float]:
     return per_turn
 
 
+FIRST_TURNS = 10
+"""New users whose first turn the first-turn leg measures."""
+
+
+async def first_turns(
+    ours: Callable[[int], Awaitable[None]], floor: Callable[[int], Awaitable[Any]], count: int
+) -> dict[str, Any]:
+    """A new user's first turn (their memory created: a repository and its first commit, in
+    the distributed mode a bare repository on the git server, the push and the worker's
+    clone) beside a floor turn, interleaved. A one-time cost per user, kept out of the
+    latency legs above (each measures a user who has memory) and shown here; no target."""
+    mine, floors = [], []
+    for i in range(count):
+        mine.append(await timed_ms(ours(i)))
+        floors.append(await timed_ms(floor(i)))
+    return ratio_line("a new user's first turn", mine, floors)
+
+
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def p50_ratio_interval(ours: list[float], floor: list[float]) -> tuple[float, float]:
+    """A 90% bootstrap interval of the p50 ratio: the pairs (each of ours with the floor's
+    sample taken right after it, on the same machine state) resampled with replacement, with
+    a fixed seed. Read it as the leg's own precision: it treats the pairs as independent,
+    which a conversation growing through the leg makes them only nearly, and says nothing of
+    the spread between sittings."""
+    pairs = list(zip(ours, floor, strict=True))
+    draw = random.Random(17)
+    ratios = sorted(
+        statistics.median(o for o, _ in sample) / statistics.median(f for _, f in sample)
+        for sample in (draw.choices(pairs, k=len(pairs)) for _ in range(BOOTSTRAP_RESAMPLES))
+    )
+    return ratios[int(0.05 * len(ratios))], ratios[int(0.95 * len(ratios)) - 1]
+
+
 def ratio_line(name: str, ours: list[float], floor: list[float]) -> dict[str, Any]:
     o50, o95 = p50_p95(ours)
     f50, f95 = p50_p95(floor)
+    low, high = p50_ratio_interval(ours, floor)
     print(
         f"{name:<28} ours p50 {o50:7.1f} ms p95 {o95:7.1f} ms | floor p50 {f50:7.1f} ms "
-        f"p95 {f95:7.1f} ms | ratio p50 {o50 / f50:.2f}x p95 {o95 / f95:.2f}x"
+        f"p95 {f95:7.1f} ms | ratio p50 {o50 / f50:.2f}x p95 {o95 / f95:.2f}x "
+        f"(p50 90% interval {low:.2f}-{high:.2f}x)"
     )
     return {
+        "ratio_p50_interval_90": [low, high],
         "ours_p50": o50,
         "ours_p95": o95,
         "floor_p50": f50,
@@ -328,6 +372,9 @@ async def main_async(turns: int, user_counts: list[int], leg_turns: int, out: Pa
                 ours, floor = [], []
                 cpu = {"ours": 0.0, "floor": 0.0}
                 floor_ids.clear()
+                # The user's first turn creates their memory, a one-time cost measured on its
+                # own below: the leg measures a user who has one.
+                await our_turn(-1, key, say)
                 load_before = os.getloadavg()
                 for i in range(turns):  # interleaved, so both see the same machine state
                     ours.append(await timed_cpu_ms(our_turn(i, key, say), cpu, "ours"))
@@ -343,6 +390,10 @@ async def main_async(turns: int, user_counts: list[int], leg_turns: int, out: Pa
                 results[f"{key}_spans"] = spans
                 print("   each activity's run in the worker, ours and the floor's:")
                 results[f"{key}_activity_runs"] = timer.medians()
+
+            results["first_turn_reply"] = await first_turns(
+                lambda i: our_turn(i, f"first-{i}"), floor_turn, FIRST_TURNS
+            )
 
             # Approval -> commit visible, against an Update running one activity that commits.
             stack.blocks.ensure_user("floor")

@@ -17,11 +17,13 @@ class _Connections(ThreadingHTTPServer):
         super().__init__(address, handler)
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
+        self.accepted = 0
 
     def get_request(self) -> tuple[socket.socket, Any]:
         connection, address = super().get_request()
         with self._lock:
             self._open.add(connection)
+            self.accepted += 1
         return connection, address
 
     def shutdown_request(self, request: Any) -> None:
@@ -46,6 +48,11 @@ class ThreadedHTTPServer:
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
         return f"http://{host!s}:{port}"
+
+    @property
+    def connections_accepted(self) -> int:
+        """TCP connections accepted so far (a client that keeps one alive opens one)."""
+        return self._httpd.accepted
 
     def start(self) -> Self:
         self._thread = threading.Thread(

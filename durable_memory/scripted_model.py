@@ -221,8 +221,14 @@ class ScriptedModelServer(ThreadedHTTPServer):
         record_requests: bool = True,
         respond: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        keep_alive: bool = False,
     ):
+        """`keep_alive`: answer in HTTP/1.1 and keep each connection open for the client's
+        next request, as the Messages API does (the benchmarks' server); by default each
+        answer closes its connection (HTTP/1.0), so a test that stops the server and starts
+        another leaves no pooled connection to the first behind."""
         self._script = list(script)
+        self._keep_alive = keep_alive
         self._respond = respond
         self._record = record_requests
         self._lock = threading.Lock()
@@ -328,6 +334,12 @@ class ScriptedModelServer(ThreadedHTTPServer):
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if server._keep_alive else "HTTP/1.0"
+            # An answer is written as its headers, then its body: on a kept-alive connection,
+            # Nagle would hold the body until the client acknowledged the headers, which a
+            # client out of TCP's quick-ack start delays by up to 40 ms.
+            disable_nagle_algorithm = True
+
             def log_message(self, format: str, *args: Any) -> None:
                 """Quiet: tests and the demo print what matters themselves."""
 

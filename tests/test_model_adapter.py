@@ -163,6 +163,22 @@ def test_sdk_retries_are_off() -> None:
         assert model.create(SETTINGS, "s", HELLO, []).text == "late"
 
 
+@pytest.mark.parametrize("keep_alive", [False, True])
+def test_the_benchmarks_server_keeps_connections_alive_as_the_api_does(keep_alive: bool) -> None:
+    """The benchmarks' server (`keep_alive`) answers in HTTP/1.1 and the SDK's client sends
+    every call on one connection, as with the Messages API, so no benchmark's floor pays a
+    TCP connect per model call; the tests' server closes each one (HTTP/1.0)."""
+    script: list[dict[str, Any]] = [{"text": f"reply {i}"} for i in range(3)]
+    with ScriptedModelServer(script, keep_alive=keep_alive) as server:
+        model = AnthropicModel(base_url=server.url)
+        try:
+            texts = [model.create(SETTINGS, "s", HELLO, []).text for _ in range(3)]
+        finally:
+            model.close()
+        assert texts == ["reply 0", "reply 1", "reply 2"]
+        assert server.connections_accepted == (1 if keep_alive else 3)
+
+
 def test_exhausted_script_is_a_clear_non_retryable_error() -> None:
     with pytest.raises(
         ModelCallError,
