@@ -90,6 +90,7 @@ class MemoryStack(MemoryFaces):
             return self.archive.forget_user(user_id)
         if store is ForgetStore.REPOSITORY:
             return self.git.forget_user(user_id)
+        self.turns.parsed_contexts.forget_user(user_id)
         return erase_user_rows(self.engine, user_id)
 
     def sources(self) -> ContextSources:

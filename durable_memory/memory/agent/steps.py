@@ -466,6 +466,7 @@ class TurnSteps:
         refusal was decided: each deletion asks the ledger again, the rows' in their own
         transaction (a fresh start waits for it or comes first)."""
         engine = self.turns.engine
+        self.turns.parsed_contexts.forget_user(user_id)
         cleanups: list[Callable[[], object]] = [
             lambda: erase_user_rows(
                 engine, user_id, keep_listed=keep_listed, only_while_closed=True

@@ -15,6 +15,8 @@ dropped, in the same transaction as the creation. A database is migrated by the 
 """
 
 import functools
+import threading
+from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -97,12 +99,80 @@ KEEP_FIRST_ROUNDS = 3
 """`TurnStore._keep_first`'s tries of insert-or-read while a stored row is deleted between."""
 
 
+PARSED_CONTEXTS = 32
+"""Turns whose parsed context `_ParsedContexts` keeps at most (the activity threads' worth)."""
+PARSED_CONTEXT_CHARS = 2**20
+"""Their stored texts' length at most, together (the parsed objects take a few times that); a
+longer context is not kept."""
+
+
+class _ParsedContexts:
+    """The parsed contexts of turns whose agent loop this process runs, each beside the text
+    stored for it: a tool step reads its turn's stored context, and when the text read is
+    exactly the one kept, the value kept is the one parsing it gives (~1 ms a tool step of a
+    short conversation, more of a long one), so it is not parsed again. The store stays what
+    a step reads: the row is read as before, and only the same text gets the kept value
+    (another process's context, or none, is parsed or missed as before). `CompiledContext`
+    is frozen and no step changes one in place, so steps can share a value. An entry goes
+    when the turn's context is dropped (its agent loop over), and the least recently used
+    beyond the bounds."""
+
+    def __init__(self) -> None:
+        self._kept: OrderedDict[tuple[str, str], tuple[str, CompiledContext]] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def parsed(self, key: tuple[str, str], body: str) -> CompiledContext:
+        with self._lock:
+            found = self._kept.get(key)
+            if found is not None and found[0] == body:
+                self._kept.move_to_end(key)
+                return found[1]
+        context = CompiledContext.model_validate_json(body)
+        self.keep(key, body, context)
+        return context
+
+    def keep(self, key: tuple[str, str], body: str, context: CompiledContext) -> None:
+        with self._lock:
+            self._pop(key)
+            if len(body) > PARSED_CONTEXT_CHARS:
+                return
+            self._kept[key] = (body, context)
+            self._chars += len(body)
+            while len(self._kept) > PARSED_CONTEXTS or self._chars > PARSED_CONTEXT_CHARS:
+                self._pop(next(iter(self._kept)))
+
+    def drop(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self._pop(key)
+
+    def forget_user(self, user_id: str) -> None:
+        """Every entry of the user (their forget, in this process)."""
+        with self._lock:
+            for key in [k for k in self._kept if k[0] == user_id]:
+                self._pop(key)
+
+    def _pop(self, key: tuple[str, str]) -> None:
+        found = self._kept.pop(key, None)
+        if found is not None:
+            self._chars -= len(found[0])
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def turns(self) -> list[tuple[str, str]]:
+        """The (user, turn) of each entry, least recently used first."""
+        with self._lock:
+            return list(self._kept)
+
+
 class TurnStore:
     """Plain statements on the hot path (every step of every turn reads and writes here),
     not ORM sessions and objects, whose bookkeeping cost more than the SQL."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.parsed_contexts = _ParsedContexts()
 
     def _stored(self, row_type: type[SQLModel], column: str, key: dict[str, Any]) -> str | None:
         """`column` of the row with primary key `key`, None if there is none."""
@@ -136,23 +206,23 @@ class TurnStore:
 
     def save_context(self, user_id: str, turn_id: str, context: CompiledContext) -> CompiledContext:
         """Keep the first context compiled for a user's turn; a retry gets that one back."""
+        body = context.model_dump_json()
         stored = self._keep_first(
             TurnContextRow,
-            {
-                "user_id": user_id,
-                "turn_id": turn_id,
-                "body": context.model_dump_json(),
-                "created_at": datetime.now(UTC),
-            },
+            {"user_id": user_id, "turn_id": turn_id, "body": body, "created_at": datetime.now(UTC)},
             "body",
         )
-        return context if stored is None else CompiledContext.model_validate_json(stored)
+        if stored is None:
+            self.parsed_contexts.keep((user_id, turn_id), body, context)
+            return context
+        return self.parsed_contexts.parsed((user_id, turn_id), stored)
 
     def drop_context(self, user_id: str, turn_id: str) -> None:
         """Delete a turn's stored context once its agent loop is over: no step reads it again
         (a retried model step finds its stored reply first), and each one holds the whole
         conversation window, so keeping every turn's would grow a user's rows with the square
         of the conversation's length. Idempotent."""
+        self.parsed_contexts.drop((user_id, turn_id))
         with writing_once(self.engine) as connection:
             run(connection, _DROP_CONTEXT, {"user_id": user_id, "turn_id": turn_id})
 
@@ -165,7 +235,7 @@ class TurnStore:
     def stored_context(self, user_id: str, turn_id: str) -> CompiledContext | None:
         """The turn's stored context; None once its agent loop is over (`drop_context`)."""
         body = self._stored(TurnContextRow, "body", {"user_id": user_id, "turn_id": turn_id})
-        return None if body is None else CompiledContext.model_validate_json(body)
+        return None if body is None else self.parsed_contexts.parsed((user_id, turn_id), body)
 
     def reply_and_context(
         self, user_id: str, turn_id: str, step: int
@@ -177,7 +247,9 @@ class TurnStore:
         with reading(self.engine) as connection:
             row = run(connection, _REPLY_AND_CONTEXT, key).one()
         reply = None if row.reply is None else ModelReply.model_validate_json(row.reply)
-        context = None if row.body is None else CompiledContext.model_validate_json(row.body)
+        context = (
+            None if row.body is None else self.parsed_contexts.parsed((user_id, turn_id), row.body)
+        )
         return reply, context
 
     def reply(self, user_id: str, turn_id: str, step: int) -> ModelReply | None:
