@@ -18,6 +18,8 @@ from durable_memory.memory.store.redaction.gate import RedactionGate
 from durable_memory.memory.store.turns import TurnStore
 from durable_memory.memory.store.users import UserDirectory
 from durable_memory.models.context import CompiledContext
+from durable_memory.models.diffs import DiffStatus, Proposer
+from durable_memory.models.operations import LearnPreference
 from durable_memory.models.recall import MessageRole
 from durable_memory.models.turn import StepInput, TurnInput
 from tests.support.agent_helpers import (
@@ -375,3 +377,39 @@ def test_a_model_call_in_the_activity_that_read_its_context_asks_nothing_again(
         MessageRole.TOOL_RESULT,
         MessageRole.ASSISTANT,
     ]
+
+
+def test_a_turn_finishes_an_approval_left_uncommitted_when_its_admission_finds_one(
+    memory: MemoryRig, engine: Engine
+) -> None:
+    """A turn's admission read says whether the user has an approval recorded but not
+    committed (a crash between the two): only then does the turn read and finish them, before
+    it compiles, so the context shows the approved edit. Another user's, even one whose id
+    shares a prefix, is not the turn's to find; with none, no read of the approvals is sent."""
+    memory.blocks.ensure_user("alice")
+    memory.blocks.ensure_user("alicia")
+    users = UserDirectory(engine)
+    for user in ("alice", "alicia"):
+        assert not users.admission(user).unfinished_approvals
+    diff = memory.review.propose(
+        "alicia", "human", LearnPreference(preference="Socratic"), "r", Proposer.turn("t0")
+    )
+    memory.diffs.transition(
+        diff.id, "alicia", DiffStatus.PENDING, DiffStatus.APPROVED, decided_by="ms-rivera"
+    )  # the crash came before the commit
+    assert users.admission("alicia").unfinished_approvals
+    assert not users.admission("alice").unfinished_approvals
+    script: list[dict[str, Any]] = [{"text": "Hello."}, {"text": "Hello again."}]
+    with scripted_steps(memory, engine, script) as (steps, server):
+        with statements_sent(engine) as sent:
+            steps.prepare(TurnInput(user_id="alice", turn_id="t1", message="hi"))
+        reads_of_diffs = [s for s in sent if s.startswith("SELECT pending_diffs.")]
+        assert not [s for s in reads_of_diffs if "commit_sha IS NULL" in s]
+        assert len(reads_of_diffs) == 1  # the pending diffs the context lists, no other
+        _, context = steps.prepare_context(TurnInput(user_id="alicia", turn_id="t1", message="hi"))
+    finished = memory.diffs.get(diff.id, "alicia")
+    assert finished.status is DiffStatus.APPROVED
+    assert finished.commit_sha is not None
+    assert "Socratic" in context.system
+    assert not users.admission("alicia").unfinished_approvals
+    assert server.requests == []

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, func, select
 
+from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.memory.store.turns import PromptBaseStore, TurnStepRow, TurnStore
 from durable_memory.models.context import PromptBase
 from tests.support.memory import statements_sent
@@ -69,7 +70,7 @@ def test_a_base_left_where_it_was_is_read_not_written(engine: Engine) -> None:
     that differs is written, and read back as written; `with_last_reply` reads it and the
     newest reply's time together."""
     bases = PromptBaseStore(engine)
-    assert bases.with_last_reply("alice") == (None, None)
+    assert bases.with_last_reply("alice") == (None, None, (0, None))
     first = PromptBase(commit="a" * 40, summarized_through_message_id=0)
     moved = PromptBase(commit="b" * 40, summarized_through_message_id=7)
     for base, sent in [
@@ -83,11 +84,11 @@ def test_a_base_left_where_it_was_is_read_not_written(engine: Engine) -> None:
         assert [s.split()[0] for s in statements] == sent
         assert bases.get("alice") == base
     TurnStore(engine).save_reply("alice", "t1", 1, _reply("hello"))
-    kept, last = bases.with_last_reply("alice")
+    kept, last, _ = bases.with_last_reply("alice")
     assert kept == moved
     assert last is not None
     assert abs(datetime.now(UTC) - last) < timedelta(minutes=5)
-    assert bases.with_last_reply("bob") == (None, None)
+    assert bases.with_last_reply("bob") == (None, None, (0, None))
 
 
 def test_a_tool_step_reads_its_reply_and_context_in_one_statement(engine: Engine) -> None:
@@ -137,3 +138,20 @@ def test_a_base_moved_after_the_steps_own_read_is_not_read_again(engine: Engine)
         assert [s.split()[0] for s in statements] == sent
         assert bases.get("alice") == base
     assert bases.get("bob") is None
+
+
+def test_the_base_read_carries_the_users_newest_summary(engine: Engine) -> None:
+    """A turn reads its user's newest conversation summary with the prompt base, in the one
+    statement (`with_last_reply`), and compiles from it: the same answer the summary store's
+    own read gives, for the asking user only (ids that share a prefix too)."""
+    bases, summaries = PromptBaseStore(engine), SummaryStore(engine)
+    summaries.add("alice", 5, "the first")
+    summaries.add("alice", 9, "the newest")
+    summaries.add("alicia", 12, "hers")
+    for user, expected in [("alice", (9, "the newest")), ("alicia", (12, "hers"))]:
+        with statements_sent(engine) as statements:
+            read = bases.with_last_reply(user)
+        assert len(statements) == 1
+        assert read.summary == expected == summaries.latest(user)
+    assert bases.with_last_reply("bob").summary == (0, None)
+    assert summaries.latest("bob") is None

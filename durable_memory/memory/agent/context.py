@@ -213,6 +213,7 @@ def compile_context(
     summarizer: Summarizer | None = None,
     base: PromptBase | None = None,
     profile: AgentProfile | None = None,
+    summary: tuple[int, str | None] | None = None,
 ) -> CompiledContext:
     """Compile the context; if messages push it past `overflow_share` of the window and a
     summarizer is given, fold the oldest messages into the summary first.
@@ -220,9 +221,12 @@ def compile_context(
     The system prompt shows the memory blocks at `base` (the user's prompt base, None: at
     HEAD), and the blocks changed since come as the memory update, unless the base moves to
     HEAD here (`_memory_parts` says when); `memory_base` says where the blocks are from.
-    `profile` is the user's, if the caller has just read it (else it is read here)."""
+    `profile` is the user's, if the caller has just read it (else it is read here), and
+    `summary` their newest summary (the last message it covers, its text; (0, None): none),
+    if the caller has just read it (`PromptBaseStore.with_last_reply` does, with the base);
+    a summary made here is read back."""
     profile = profile or sources.blocks.profile(user_id)
-    context = _compile(sources, user_id, profile, tools, archival_count, base)
+    context = _compile(sources, user_id, profile, tools, archival_count, base, summary)
     window = profile.model.context_window
     if summarizer is None or context.overview.total_tokens <= overflow_share * window:
         return context
@@ -317,8 +321,9 @@ def _compile(
     tools: list[dict[str, Any]],
     archival_count: int,
     base: PromptBase | None,
+    summary_read: tuple[int, str | None] | None = None,
 ) -> CompiledContext:
-    after, summary = _summary(sources.summaries, user_id)
+    after, summary = summary_read or _summary(sources.summaries, user_id)
     core, update, memory_base, last = _memory_parts(
         sources.blocks, user_id, profile.model, base, after
     )
@@ -378,7 +383,7 @@ def warm_base(read: BaseRead, settings: ModelSettings, now: datetime) -> PromptB
     than the profile's cache TTL: the next request writes everything again anyway. (The
     reply's time stands for the call's, which began a little earlier: a call that took longer
     than the gap left to the TTL leaves the base one turn longer than a cold cache needed.)"""
-    base, last = read
+    base, last = read.base, read.last_reply_at
     ttl = CACHE_TTL_SECONDS.get(settings.cache_ttl)
     if last is None or ttl is None or (now - last).total_seconds() > ttl:
         return None

@@ -242,11 +242,13 @@ def turn_context(
     summarizer: Summarizer | None = None,
     base: PromptBase | None = None,
     profile: AgentProfile | None = None,
+    summary: tuple[int, str | None] | None = None,
 ) -> CompiledContext:
     """The context a turn starts from: memory, recall and the tools the user's profile offers
     (also what `dmem context` shows, with the blocks at HEAD). With a summarizer, an
     overflowing context is summarised first; with a prompt base, blocks changed since it come
-    as the memory update (compile_context). `profile`: the user's, if the caller has it."""
+    as the memory update (compile_context). `profile` and `summary`: the user's, if the
+    caller has them."""
     profile = profile or sources.blocks.profile(user_id)
     return compile_context(
         sources,
@@ -256,6 +258,7 @@ def turn_context(
         summarizer=summarizer,
         base=base,
         profile=profile,
+        summary=summary,
     )
 
 
@@ -312,8 +315,10 @@ class TurnSteps:
         )
         profile, seen = admission.profile, admission.erasures_seen
         # An approval recorded but not committed when a process died is finished first,
-        # so no diff stays approved without its commit once the user is back.
-        sources.review.finish_approvals(turn.user_id)
+        # so no diff stays approved without its commit once the user is back. The admission
+        # read says whether there is one (nearly never): no read of them otherwise.
+        if read.unfinished_approvals:
+            sources.review.finish_approvals(turn.user_id)
         sources.recall.record(
             turn.user_id,
             turn.turn_id,
@@ -330,6 +335,7 @@ class TurnSteps:
             ),
             base=warm_base(base_read, profile.model, self.clock()),
             profile=profile,
+            summary=base_read.summary,
         )
         context = self.turns.save_context(turn.user_id, turn.turn_id, context)
         # After the context is stored: a retry of a step that died in between finds the

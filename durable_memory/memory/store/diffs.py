@@ -84,6 +84,17 @@ _UNFINISHED_APPROVALS = _plain_select().where(
     _DIFFS.c.commit_sha.is_(None),
 )
 """Statements every turn runs, built once (store/sql `keyed`)."""
+UNFINISHED_APPROVAL_EXISTS = (
+    select_columns(_DIFFS.c.id)
+    .where(
+        _DIFFS.c.user_id == bindparam("user_id"),
+        _DIFFS.c.status == DiffStatus.APPROVED.value,
+        _DIFFS.c.commit_sha.is_(None),
+    )
+    .exists()
+)
+"""Whether the user has an approval recorded but not committed: asked with a turn's admission
+(store/users.py), so a turn reads the approvals to finish only when there are some."""
 
 
 @functools.cache

@@ -26,13 +26,14 @@ class ConversationSummaryRow(SQLModel, table=True):
 
 
 _SUMMARIES = table_of(ConversationSummaryRow)
-_LATEST = (
+LATEST_SUMMARY = (
     select_columns(_SUMMARIES.c.through_message_id, _SUMMARIES.c.text)
     .where(*keyed(_SUMMARIES, "user_id"))
     .order_by(_SUMMARIES.c.through_message_id.desc())
     .limit(1)
 )
-"""The newest summary: every turn asks (built once, store/sql `keyed`)."""
+"""The newest summary: every turn asks (built once, store/sql `keyed`), in the statement that
+reads its prompt base (store/turns.py `PromptBaseStore.with_last_reply`)."""
 
 
 class SummaryStore:
@@ -42,7 +43,7 @@ class SummaryStore:
     def latest(self, user_id: str) -> tuple[int, str] | None:
         """(id of the last message covered, summary text), or None."""
         with reading(self.engine) as connection:  # a plain row: every turn asks
-            row = run(connection, _LATEST, {"user_id": user_id}).first()
+            row = run(connection, LATEST_SUMMARY, {"user_id": user_id}).first()
         return (row.through_message_id, row.text) if row else None
 
     def add(self, user_id: str, through_message_id: int, text: str) -> None:

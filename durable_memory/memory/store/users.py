@@ -31,6 +31,7 @@ from sqlalchemy import select as select_columns
 from sqlmodel import Column, Field, Session, SQLModel, col, select
 
 from durable_memory.memory.core.ids import validate_user_id
+from durable_memory.memory.store.diffs import UNFINISHED_APPROVAL_EXISTS
 from durable_memory.memory.store.erasure import (
     ERASURES,
     LEDGER_COLUMNS,
@@ -66,6 +67,7 @@ _ADMISSION = (
         UNDER_WAY.c.requested_by.label("redaction_requested_by"),
         UNDER_WAY.c.started_at.label("redaction_started_at"),
         _USERS.c.user_id.label("listed"),
+        UNFINISHED_APPROVAL_EXISTS.label("unfinished_approvals"),
     )
     .select_from(_ONE_ROW)
     .outerjoin(ERASURES, ERASURES.c.user_hash == bindparam("user_hash"))
@@ -75,8 +77,9 @@ _ADMISSION = (
 )
 """A turn's admission in one statement (`UserDirectory.admission`): the user's erasure
 records, newest first (the columns store/erasure.py's per-step check reads), beside the open
-redaction record and the user's row in the list, each repeated on every row; one row of
-NULLs where the user has none of them. Built once, its values bound when it runs (sql.py
+redaction record, the user's row in the list and whether they have an approval to finish
+(recorded, not committed), each repeated on every row; one row of NULLs where the user has
+none of them. Built once, its values bound when it runs (sql.py
 `keyed`)."""
 
 
@@ -91,6 +94,10 @@ class AdmissionRead:
     """The redaction of the user under way, if any (store/redaction/gate.py)."""
     listed: bool
     """Whether the user was registered (then a turn need not register them again)."""
+    unfinished_approvals: bool = True
+    """Whether the user had an approval recorded but not committed (a decision whose commit
+    a crash or an outage interrupted, or one committing right now): only then does a turn read
+    the approvals to finish them (`Review.finish_approvals`)."""
 
 
 class UserDirectory:
@@ -148,6 +155,7 @@ class UserDirectory:
             erasures=[row for row in rows if row.id is not None],
             redaction=redaction,
             listed=first.listed is not None,
+            unfinished_approvals=bool(first.unfinished_approvals),
         )
 
     def readmit(self, user_id: str) -> None:
