@@ -110,8 +110,8 @@ longer context is not kept."""
 class _ParsedContexts:
     """The parsed contexts of turns whose agent loop this process runs, each beside the text
     stored for it: a tool step reads its turn's stored context, and when the text read is
-    exactly the one kept, the value kept is the one parsing it gives (~1 ms a tool step of a
-    short conversation, more of a long one), so it is not parsed again. The store stays what
+    exactly the one kept, the value kept is the one parsing it gives (0.6 ms for a 40-turn
+    conversation's 23 KB, 3.8 ms for 428 KB), so it is not parsed again. The store stays what
     a step reads: the row is read as before, and only the same text gets the kept value
     (another process's context, or none, is parsed or missed as before). `CompiledContext`
     is frozen and no step changes one in place, so steps can share a value. An entry goes
