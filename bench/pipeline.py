@@ -364,7 +364,6 @@ async def main_async(turns: int, user_counts: list[int], leg_turns: int, out: Pa
                 await our_turn(-1, "warm")
                 await our_turn(-1, "warm", "search")
                 await floor_turn(-1, "warm")
-            timer.runs.clear()
             for key, say, calls, name in (
                 ("turn_reply", "hello", 1, "turn: start -> reply"),
                 ("tool_turn_reply", "search", 2, "tool turn: model-tool-model"),
@@ -375,6 +374,7 @@ async def main_async(turns: int, user_counts: list[int], leg_turns: int, out: Pa
                 # The user's first turn creates their memory, a one-time cost measured on its
                 # own below: the leg measures a user who has one.
                 await our_turn(-1, key, say)
+                timer.runs.clear()  # each leg's activity runs its own, without the warm-up's
                 load_before = os.getloadavg()
                 for i in range(turns):  # interleaved, so both see the same machine state
                     ours.append(await timed_cpu_ms(our_turn(i, key, say), cpu, "ours"))
