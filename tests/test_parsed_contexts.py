@@ -87,6 +87,9 @@ def test_the_kept_contexts_are_bounded(engine: Engine) -> None:
         store.save_context("alice", f"t{i}", _context(f"context {i}"))
     assert len(store.parsed_contexts) == turn_store.PARSED_CONTEXTS
     # The oldest went first, and is parsed from the store again when read.
+    kept = store.parsed_contexts.turns()
+    assert kept[0] == ("alice", "t8")
+    assert ("alice", "t0") not in kept
     oldest = store.stored_context("alice", "t0")
     assert oldest is not None
     assert oldest.system == "context 0"
