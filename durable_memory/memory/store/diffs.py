@@ -78,21 +78,15 @@ _DIFFS = table_of(PendingDiffRow)
 _EXISTING = select_columns(_DIFFS.c.id).where(
     *keyed(_DIFFS, "user_id"), _DIFFS.c.id.in_(bindparam("diff_ids", expanding=True))
 )
-_UNFINISHED_APPROVALS = _plain_select().where(
+_UNFINISHED = (
     *keyed(_DIFFS, "user_id"),
     _DIFFS.c.status == DiffStatus.APPROVED.value,
     _DIFFS.c.commit_sha.is_(None),
 )
+"""The user's approvals recorded but not committed."""
+_UNFINISHED_APPROVALS = _plain_select().where(*_UNFINISHED)
 """Statements every turn runs, built once (store/sql `keyed`)."""
-UNFINISHED_APPROVAL_EXISTS = (
-    select_columns(_DIFFS.c.id)
-    .where(
-        _DIFFS.c.user_id == bindparam("user_id"),
-        _DIFFS.c.status == DiffStatus.APPROVED.value,
-        _DIFFS.c.commit_sha.is_(None),
-    )
-    .exists()
-)
+UNFINISHED_APPROVAL_EXISTS = select_columns(_DIFFS.c.id).where(*_UNFINISHED).exists()
 """Whether the user has an approval recorded but not committed: asked with a turn's admission
 (store/users.py), so a turn reads the approvals to finish only when there are some."""
 
