@@ -24,7 +24,7 @@ from durable_memory.memory.store.sql import (
     writing_once,
 )
 from durable_memory.memory.store.sql.direct import run
-from tests.support.memory import statements_sent
+from tests.support.memory import round_trips, statements_sent
 
 TABLES = [t for t in SQLModel.metadata.sorted_tables if "user_id" in t.c]
 """Every table keyed by a user: all the column types the stores use (integers, text, UTC
@@ -214,3 +214,56 @@ def test_listeners_see_each_statement_once(filled: Engine) -> None:
         run(connection, statement, {"user_id": "user-1-%"})
     assert len(sent) == 2
     assert all(s.startswith("SELECT users.user_id") for s in sent)
+
+
+def test_writes_run_together_are_all_kept_or_none(filled: Engine) -> None:
+    """`run_together`: a stored key met by the batch's last write fails it with SQLAlchemy's
+    IntegrityError, and nothing of the batch is kept, not its new rows before (a keeping
+    insert, an executemany), nor the delete; on PostgreSQL the batch was one round trip. The
+    connection held for the step is given back: its next statement works."""
+    contexts = SQLModel.metadata.tables["user_turn_contexts"]
+    recall = SQLModel.metadata.tables["recall_messages"]
+    before = {t.name: _as_sqlalchemy(filled, select(*t.c), {}) for t in (contexts, recall)}
+    stored = _rows(contexts, range(1, 2))  # a key the fixture stored
+    batch = [
+        direct.Write(
+            insert_keeping(filled, contexts, "user_id", "turn_id"), _rows(contexts, range(60, 61))
+        ),
+        direct.Write(insert(recall), _rows(recall, range(61, 63))),
+        direct.Write(
+            contexts.delete().where(contexts.c.user_id == bindparam("u")), {"u": "user-0-2"}
+        ),
+        direct.Write(insert(contexts), stored),
+    ]
+    with one_connection(filled), round_trips(filled) as trips:
+        with pytest.raises(IntegrityError), writing_once(filled) as connection:
+            direct.run_together(connection, batch)
+        with reading(filled) as connection:
+            assert len(run(connection, select(*contexts.c), {}).all()) == len(before[contexts.name])
+    assert {t.name: _as_sqlalchemy(filled, select(*t.c), {}) for t in (contexts, recall)} == before
+    postgres = filled.dialect.name == "postgresql"
+    assert [len(trip) for trip in trips] == ([4, 1] if postgres else [1, 1, 1, 1, 1])
+
+
+def test_writes_run_together_answer_as_run_one_by_one(filled: Engine) -> None:
+    """In order, each seeing the ones before (a row inserted, then read back), each answering
+    as `run` does (rows, row counts; an insert that kept a stored row counts 0), a write of no
+    rows runs nothing and answers no rows, in its place; on PostgreSQL, one round trip."""
+    table = SQLModel.metadata.tables["user_turn_steps"]
+    keeping = insert_keeping(filled, table, "user_id", "turn_id", "step")
+    new, stored = _rows(table, range(80, 81)), _rows(table, range(1, 2))
+    read = select(table.c.user_id, table.c.step).where(table.c.user_id == bindparam("u"))
+    batch = [
+        direct.Write(keeping, new),
+        direct.Write(keeping, stored),
+        direct.Write(keeping, []),
+        direct.Write(read, {"u": new[0]["user_id"]}),
+    ]
+    with round_trips(filled) as trips, writing_once(filled) as connection:
+        outcomes = direct.run_together(connection, batch)
+    assert [o.rowcount for o in outcomes[:3]] == [1, 0, 0]
+    assert outcomes[2].all() == []
+    assert [tuple(r) for r in outcomes[3]] == [(new[0]["user_id"], new[0]["step"])]
+    assert outcomes[3].first().step == new[0]["step"]
+    postgres = filled.dialect.name == "postgresql"
+    assert [len(trip) for trip in trips] == ([3] if postgres else [1, 1, 1])

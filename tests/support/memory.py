@@ -78,3 +78,26 @@ def statements_sent(engine: Engine) -> Iterator[list[str]]:
         yield sent
     finally:
         event.remove(engine, "before_cursor_execute", record)
+
+
+@contextlib.contextmanager
+def round_trips(engine: Engine) -> Iterator[list[list[str]]]:
+    """The statements sent to `engine`'s database within the block, grouped by the round trip
+    that sent them: those sent together in one psycopg pipeline (`run_together`) are one
+    group; every other statement is a group of its own."""
+    trips: list[list[str]] = []
+    last: list[Any] = [None]
+
+    def record(_conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        pipeline = getattr(getattr(cursor, "connection", None), "_pipeline", None)
+        if pipeline is not None and pipeline is last[0]:
+            trips[-1].append(statement)
+        else:
+            trips.append([statement])
+        last[0] = pipeline
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield trips
+    finally:
+        event.remove(engine, "before_cursor_execute", record)

@@ -28,8 +28,9 @@ import threading
 from collections import namedtuple
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+import psycopg
 from sqlalchemy import Connection, Dialect
 from sqlalchemy.exc import MultipleResultsFound, NoResultFound
 from sqlalchemy.sql import ClauseElement
@@ -146,6 +147,78 @@ def run(connection: Connection, statement: ClauseElement, params: Params = None)
         # older one of the pool, the cursor closed. It raises.
         connection._handle_dbapi_exception(error, plan.sql, args, cursor, None)
     return outcome
+
+
+class Write(NamedTuple):
+    """A statement and its parameters, to be run with others (`run_together`)."""
+
+    statement: ClauseElement
+    params: Params
+
+
+def run_together(connection: Connection, writes: Sequence[Write]) -> list[Outcome]:
+    """`run` each of `writes`, in order, all or none. On PostgreSQL in one round trip:
+    psycopg's pipeline sends them together and one Sync ends them, so they are one implicit
+    transaction (in autocommit, the connection's mode for these), committed once. Elsewhere
+    (SQLite) one by one, in the caller's transaction (`writing_once`: one on SQLite), which
+    the first failure rolls back. A failure reaches the caller as from `run` (SQLAlchemy's
+    error class), and nothing of the batch is kept."""
+    if not all(_rows(w.params) for w in writes):  # an empty list of rows runs nothing
+        kept = iter(run_together(connection, [w for w in writes if _rows(w.params)]))
+        return [next(kept) if _rows(w.params) else Outcome([], 0) for w in writes]
+    driver = connection.connection.dbapi_connection
+    dialect = connection.dialect
+    plans = [_plan(dialect, w.statement, _keys(w.params), _many(w.params)) for w in writes]
+    if not isinstance(driver, psycopg.Connection) or None in plans:
+        return [run(connection, w.statement, w.params) for w in writes]
+    dispatch = connection.dispatch
+    sent: list[tuple[_Plan, Any, Any]] = []
+    cursors: list[Any] = []
+    try:
+        with driver.pipeline():
+            for write, plan in zip(writes, plans, strict=True):
+                assert plan is not None
+                rows_in = _rows(write.params)
+                many = len(rows_in) > 1
+                if dispatch.before_execute:
+                    dispatch.before_execute(connection, write.statement, list(rows_in), {}, {})
+                args = [_arguments(plan, row) for row in rows_in]
+                cursor = driver.cursor()
+                cursors.append(cursor)
+                given: Any = args if many else args[0]
+                sent.append((plan, given, cursor))
+                if dispatch.before_cursor_execute:
+                    dispatch.before_cursor_execute(connection, cursor, plan.sql, given, None, many)
+                if many:
+                    cursor.executemany(plan.sql, given)
+                else:
+                    cursor.execute(plan.sql, given)
+        outcomes = []
+        for plan, _given, cursor in sent:
+            rows = _read(plan, connection.dialect, cursor) if cursor.description else []
+            outcomes.append(Outcome(rows, cursor.rowcount))
+            cursor.close()
+    except BaseException as error:
+        # As `run`: SQLAlchemy's class for the error, a dead connection invalidated. The
+        # statement named is the last one sent (the driver does not say which one failed).
+        plan, given, cursor = sent[-1] if sent else (None, None, None)
+        for other in cursors:
+            if other is not cursor:
+                other.close()
+        connection._handle_dbapi_exception(error, plan.sql if plan else "", given, cursor, None)
+    return outcomes
+
+
+def _rows(params: Params) -> Sequence[Mapping[str, Any]]:
+    return params if isinstance(params, Sequence) else [params or {}]
+
+
+def _keys(params: Params) -> tuple[str, ...]:
+    return tuple(_rows(params)[0])
+
+
+def _many(params: Params) -> bool:
+    return len(_rows(params)) > 1
 
 
 def _plan(
