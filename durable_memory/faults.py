@@ -16,7 +16,8 @@ MID_TOOLS_THEN_MODEL = "mid_tools_then_model"
 """`dmem.tools_then_model`: a step's tool calls are run and their results in recall; the next
 model call is not made yet."""
 AFTER_MODEL_CALL = "after_model_call"
-"""The model's reply is stored; its messages are not yet in recall."""
+"""The model's reply is stored: with its messages in recall, by the one write of a step's first
+attempt (`TurnStore.save_new_reply`); without them, on the long way after a reply stored before."""
 MID_COMMIT = "mid_commit"
 """A block file is written and staged; the commit does not exist yet."""
 BEFORE_PUSH = "before_push"

@@ -344,7 +344,7 @@ def test_a_model_call_in_the_activity_that_read_its_context_asks_nothing_again(
         (UserDirectory, "admission"),
         (RecallStore, "turn"),
         (TurnStore, "stored_context"),
-        (TurnStore, "reply_and_context"),
+        (TurnStore, "reply_and_context_with"),
     ]:
         original = getattr(owner, name)
 
@@ -365,12 +365,12 @@ def test_a_model_call_in_the_activity_that_read_its_context_asks_nothing_again(
         asked.clear()
         stored = steps.run_tools_in_context(first).context
         assert stored == context
-        # Before the tools, and after them (before their results are recorded); the step's
-        # reply and the context read together, one statement.
-        assert asked == {"refuse_if_forgotten": 2, "reply_and_context": 1}
+        # Before the tools, on the records read with the step's reply and context (one
+        # round trip on PostgreSQL), and after them (before their results are recorded).
+        assert asked == {"refuse_if_forgotten": 1, "reply_and_context_with": 1}
         second = StepInput(user_id="alice", turn_id="t1", step=2)
         assert steps.call_model(second, stored).text == "Nothing found."
-        assert asked == {"refuse_if_forgotten": 3, "reply_and_context": 1, "turn": 1}
+        assert asked == {"refuse_if_forgotten": 2, "reply_and_context_with": 1, "turn": 1}
     assert [role for _, role in _positions(memory, "t1")] == [
         MessageRole.USER,
         MessageRole.TOOL_CALL,

@@ -9,9 +9,11 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, func, select
 
+from durable_memory.memory.store.recall import RecallStore
 from durable_memory.memory.store.summaries import SummaryStore
 from durable_memory.memory.store.turns import PromptBaseStore, TurnStepRow, TurnStore
 from durable_memory.models.context import PromptBase
+from durable_memory.models.recall import MessageRole, NewMessage
 from tests.support.memory import statements_sent
 from tests.test_isolation import _context, _reply
 
@@ -32,6 +34,35 @@ def test_attempts_saving_one_step_at_once_all_get_the_first_reply(engine: Engine
     with engine.connect() as connection:
         rows = connection.execute(select(func.count()).select_from(TurnStepRow)).scalar_one()
     assert rows == 1
+
+
+def test_a_new_reply_is_stored_with_its_writes_or_nothing_is(engine: Engine) -> None:
+    """`save_new_reply`: the reply, its messages in recall and the dropped context at once;
+    where the step has a reply stored (another attempt's), False and nothing of it written:
+    the stored reply stays, no message is recorded, the context is still there. Another user's
+    step under the same turn id is its own."""
+    turns, recall = TurnStore(engine), RecallStore(engine)
+    said = [NewMessage(role=MessageRole.ASSISTANT, content="first")]
+
+    def save(user: str, text: str) -> bool:
+        messages = [NewMessage(role=MessageRole.ASSISTANT, content=text)]
+        also = [recall.recording(user, "t1", messages, first_seq=1000)]
+        return turns.save_new_reply(user, "t1", 1, _reply(text), also, drop_context=True)
+
+    turns.save_context("alice", "t1", _context("alice's"))
+    turns.save_reply("alice", "t1", 1, _reply("stored before"))
+    assert not save("alice", "second")
+    assert turns.reply("alice", "t1", 1) == _reply("stored before")
+    assert recall.turn("alice", "t1") == []
+    assert turns.context("alice", "t1").system == "alice's"
+    turns.save_context("bob", "t1", _context("bob's"))
+    assert save("bob", "first")
+    assert turns.reply("bob", "t1", 1) == _reply("first")
+    assert [(m.role, m.content) for m in recall.turn("bob", "t1")] == [
+        (m.role, m.content) for m in said
+    ]
+    assert turns.stored_context("bob", "t1") is None
+    assert turns.parsed_contexts.turns() == [("alice", "t1")]
 
 
 def test_a_context_dropped_between_attempts_is_stored_again(engine: Engine) -> None:

@@ -48,9 +48,10 @@ from durable_memory.memory.core.errors import (
     UserForgotten,
 )
 from durable_memory.memory.core.limits import LimitExceeded, cut_text
-from durable_memory.memory.store.erasure import erase_user_rows
+from durable_memory.memory.store.erasure import erase_user_rows, erasures_read
 from durable_memory.memory.store.redaction.gate import RedactionGate
 from durable_memory.memory.store.turns import PromptBaseStore, TurnStore
+from durable_memory.memory.store.users import ErasuresRead
 from durable_memory.models.blocks import AgentProfile, ModelSettings
 from durable_memory.models.context import CompiledContext, PromptBase
 from durable_memory.models.diffs import DiffStatus
@@ -154,6 +155,15 @@ class ChatModel(Protocol):
         messages: list[ChatMessage],
         tools: list[dict[str, object]],
     ) -> ModelReply: ...
+
+
+def _step_result(reply: ModelReply) -> ModelStepResult:
+    return ModelStepResult(
+        text=reply_text(reply),
+        tool_calls=len(reply.tool_uses),
+        stop_reason=reply.stop_reason,
+        usage=reply.usage,
+    )
 
 
 def step_limit_note(max_steps: int) -> str:
@@ -319,13 +329,13 @@ class TurnSteps:
         # read says whether there is one (nearly never): no read of them otherwise.
         if read.unfinished_approvals:
             sources.review.finish_approvals(turn.user_id)
-        sources.recall.record(
+        said = sources.recall.recording(
             turn.user_id,
             turn.turn_id,
             [NewMessage(role=MessageRole.USER, content=turn.message)],
             first_seq=TurnPositions.USER,
         )
-        base_read = self.bases.with_last_reply(turn.user_id)
+        base_read = self.bases.with_last_reply(turn.user_id, after=said)  # one round trip
         context = turn_context(
             sources,
             self.archive,
@@ -388,6 +398,20 @@ class TurnSteps:
                     raise
             else:
                 self._refuse_if_forgotten_after_writing(step.user_id, seen)
+                # The reply, its messages in recall and (the turn's last call) the context
+                # dropped, in one write; the long way below if a reply was stored before.
+                recorded = self.sources.recall.recording(
+                    step.user_id,
+                    step.turn_id,
+                    reply_messages(asked),
+                    first_seq=TurnPositions.reply_seq(step.step),
+                )
+                last = not asked.tool_uses
+                if self.turns.save_new_reply(
+                    step.user_id, step.turn_id, step.step, asked, [recorded], drop_context=last
+                ):
+                    crash_point(AFTER_MODEL_CALL)
+                    return _step_result(asked)
                 reply = self.turns.save_reply(step.user_id, step.turn_id, step.step, asked)
                 crash_point(AFTER_MODEL_CALL)
         self.sources.recall.record(
@@ -398,12 +422,7 @@ class TurnSteps:
         )
         if not reply.tool_uses:  # the turn's last model call: its context is done with
             self.turns.drop_context(step.user_id, step.turn_id)
-        return ModelStepResult(
-            text=reply_text(reply),
-            tool_calls=len(reply.tool_uses),
-            stop_reason=reply.stop_reason,
-            usage=reply.usage,
-        )
+        return _step_result(reply)
 
     def _ask_model(self, step: StepInput, context: CompiledContext | None) -> ModelReply:
         """The model's reply to the step's request: the turn's context (read from the store
@@ -426,7 +445,12 @@ class TurnSteps:
         return reply
 
     def _refuse_if_forgotten_after_writing(
-        self, user_id: str, since: int | None, *, admitting: str | None = None
+        self,
+        user_id: str,
+        since: int | None,
+        *,
+        admitting: str | None = None,
+        read: ErasuresRead | None = None,
     ) -> int:
         """The erasure check of every step once the turn has written for the user (its
         message, context, a summary, replies, tool results, proposals, archived passages):
@@ -448,11 +472,15 @@ class TurnSteps:
         `since`.
 
         `admitting`: the turn whose context was just stored, admitted again at the redaction
-        gate once the erasure check passed, on the same read (`prepare_context`)."""
+        gate once the erasure check passed, on the same read (`prepare_context`). `read`: the
+        user's erasure records, read by the caller just now with a read of its own, on which
+        the check decides (`run_tools_in_context`)."""
         blocks = self.sources.blocks
-        read = blocks.admission(user_id) if admitting is not None else None
+        admission = blocks.admission(user_id) if admitting is not None else None
         try:
-            seen = blocks.refuse_if_forgotten(user_id, since, read=read)
+            seen = blocks.refuse_if_forgotten(
+                user_id, since, read=read if admission is None else admission
+            )
         except UserForgotten as closed:
             if closed.started_afresh:
                 raise
@@ -461,8 +489,8 @@ class TurnSteps:
         except UserBeingForgotten:
             self._delete_what_the_turn_wrote(user_id, keep_listed=True)
             raise
-        if admitting is not None and read is not None:
-            self.gate.admit_turn_as_read(user_id, admitting, read.redaction)
+        if admitting is not None and admission is not None:
+            self.gate.admit_turn_as_read(user_id, admitting, admission.redaction)
         return seen
 
     def _delete_what_the_turn_wrote(self, user_id: str, *, keep_listed: bool) -> None:
@@ -517,8 +545,13 @@ class TurnSteps:
         tools, or the deploy's) applies from the next turn, as its model settings do, and no
         step reads the profile again. A context already dropped (this step run again after
         the turn's last model call) leaves the profile's tools."""
-        seen = self._refuse_if_forgotten_after_writing(step.user_id, step.erasures_seen)
-        stored, context = self.turns.reply_and_context(step.user_id, step.turn_id, step.step)
+        # The step's reply and context read with its erasure check's records: one round trip.
+        stored, context, records = self.turns.reply_and_context_with(
+            step.user_id, step.turn_id, step.step, erasures_read(step.user_id)
+        )
+        seen = self._refuse_if_forgotten_after_writing(
+            step.user_id, step.erasures_seen, read=ErasuresRead(records)
+        )
         reply = self._stored_reply(step, stored)
         offered = None if context is None else offered_in(context.tools)
         results = []

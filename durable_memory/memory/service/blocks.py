@@ -13,7 +13,7 @@ from durable_memory.memory.core.profiles import ProfileCatalog, profile_record
 from durable_memory.memory.service.access import Block, BlockAccess, missing_blocks
 from durable_memory.memory.store.block_repository import compare_and_set
 from durable_memory.memory.store.git import format_message
-from durable_memory.memory.store.users import AdmissionRead
+from durable_memory.memory.store.users import AdmissionRead, ErasuresRead
 from durable_memory.models.blocks import AgentProfile, BlockKind, BlockSpec
 from durable_memory.models.history import SYSTEM_AUTHOR, CommitInfo
 
@@ -174,12 +174,17 @@ class Blocks:
         return Block(label, spec, self._access.read_at(user_id, label, sha), sha)
 
     def refuse_if_forgotten(
-        self, user_id: str, since: int | None = None, *, read: AdmissionRead | None = None
+        self,
+        user_id: str,
+        since: int | None = None,
+        *,
+        read: AdmissionRead | ErasuresRead | None = None,
     ) -> int:
         """UserBeingForgotten / UserForgotten: for a step about to write for the user. `since`:
         what the turn's first check returned (a forget begun after it refuses the turn even
         once the user was started afresh); returns what to pass as `since`. `read`: decided
-        on the records of that admission read (`admission`), made by the caller just now."""
+        on the records of that admission read (`admission`), or of `erasures_read`'s, made by
+        the caller just now."""
         return self._access.users.refuse_if_forgotten(user_id, since, read=read)
 
     def read_blocks_and_base(self, user_id: str, base: str | None) -> BlocksRead:

@@ -33,7 +33,7 @@ from durable_memory.memory.core.errors import (
 from durable_memory.memory.core.ids import validate_user_id
 from durable_memory.memory.store.recall import RECALL_FTS
 from durable_memory.memory.store.sql import immediate, keyed, raw_sqlite, reading, table_of, utc
-from durable_memory.memory.store.sql.direct import run
+from durable_memory.memory.store.sql.direct import Write, run
 from durable_memory.models.turn import ErasureRecord
 
 USER_TABLES = (
@@ -87,6 +87,13 @@ _ERASURES_OF = (
 """A user's erasures, newest first: every step of every turn asks (built once, sql.py).
 Newest by id, the order the database gave the records, never by `started_at`: that is a
 clock of whichever host began the forget, and hosts' clocks differ."""
+
+
+def erasures_read(user_id: str) -> Write:
+    """`ErasureLedger.refuse_if_forgotten`'s read of the user's records, not run: for a step
+    that sends it with a read of its own in one round trip (`run_together`), then decides on
+    the rows (`refuse_by_records`, through `UserDirectory.refuse_if_forgotten`'s `read`)."""
+    return Write(_ERASURES_OF, {"user_hash": user_hash(user_id)})
 
 
 def _record(row: ErasureRow) -> ErasureRecord:
@@ -197,8 +204,9 @@ class ErasureLedger:
         Given `since` (what the turn's first check returned), a record begun after it refuses
         even once the user was started afresh (UserForgotten, `started_afresh`): the turn
         began in the memory that forget erased, and the user's new memory is not its."""
+        read = erasures_read(user_id)
         with reading(self.engine) as connection:  # plain rows: ORM objects cost 2-3x more
-            rows = run(connection, _ERASURES_OF, {"user_hash": user_hash(user_id)}).all()
+            rows = run(connection, read.statement, read.params).all()
         return refuse_by_records(user_id, rows, since)
 
     def closed_user_hashes(self) -> set[str]:

@@ -40,7 +40,7 @@ from durable_memory.memory.store.sql import (
     utc,
     writing_once,
 )
-from durable_memory.memory.store.sql.direct import run
+from durable_memory.memory.store.sql.direct import Write, run
 from durable_memory.models.limits import MAX_QUERY_TERMS
 from durable_memory.models.recall import MessageRole, NewMessage, RecallMessage, RecallPage
 
@@ -235,6 +235,21 @@ class RecallStore:
         rows, one round trip; for a caller that does not need the rows back (a turn's steps).
         Several messages are one executemany: a write cut short between rows is completed by
         the step's retry (the positions are fixed)."""
+        write = self.recording(user_id, turn_id, messages, first_seq=first_seq, at=at)
+        if write.params:
+            with writing_once(self.engine) as connection:
+                run(connection, write.statement, write.params)
+
+    def recording(
+        self,
+        user_id: str,
+        turn_id: str,
+        messages: Sequence[NewMessage],
+        *,
+        first_seq: int = 0,
+        at: datetime | None = None,
+    ) -> Write:
+        """`record`'s write, not run: for a caller that runs it with others (`run_together`)."""
         validate_user_id(user_id)
         stamp = utc(at or datetime.now(UTC))
         rows = [
@@ -251,10 +266,8 @@ class RecallStore:
             }
             for offset, message in enumerate(messages)
         ]
-        if rows:
-            keeping = insert_keeping(self.engine, RecallMessageRow, "user_id", "turn_id", "seq")
-            with writing_once(self.engine) as connection:
-                run(connection, keeping, rows)
+        keeping = insert_keeping(self.engine, RecallMessageRow, "user_id", "turn_id", "seq")
+        return Write(keeping, rows)
 
     def next_seq(self, user_id: str, turn_id: str) -> int:
         """The next free seq of a turn (0 for a new turn)."""

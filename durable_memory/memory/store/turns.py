@@ -17,11 +17,24 @@ dropped, in the same transaction as the creation. A database is migrated by the 
 import functools
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, Engine, Insert, Select, Table, event, inspect, or_, text
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Insert,
+    Select,
+    Table,
+    event,
+    insert,
+    inspect,
+    or_,
+    text,
+)
 from sqlalchemy import select as select_columns
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel, col, func, select
 
 from durable_memory.memory.store.sql import (
@@ -34,7 +47,7 @@ from durable_memory.memory.store.sql import (
     utc,
     writing_once,
 )
-from durable_memory.memory.store.sql.direct import run
+from durable_memory.memory.store.sql.direct import Write, run, run_together
 from durable_memory.memory.store.summaries import LATEST_SUMMARY
 from durable_memory.models.context import CompiledContext, PromptBase
 from durable_memory.models.llm import ModelReply, TokenUsage
@@ -82,6 +95,8 @@ for _name in _LEGACY_TABLES:
 _DROP_CONTEXT = (
     table_of(TurnContextRow).delete().where(*keyed(TurnContextRow, "user_id", "turn_id"))
 )
+_NEW_REPLY = insert(table_of(TurnStepRow))
+"""A step's reply, refused (an integrity error) where one is stored: `save_new_reply`."""
 _LAST_REPLY_AT = select_columns(func.max(table_of(TurnStepRow).c.created_at)).where(
     *keyed(TurnStepRow, "user_id")
 )
@@ -244,14 +259,28 @@ class TurnStore:
         """`reply` and `stored_context` of a step's turn in one statement (what a tool step
         reads before its tools run): one round trip where two cost ~0.3 ms more on SQLite and
         ~0.7 ms on PostgreSQL. A single statement sees one state of both rows."""
+        reply, context, _ = self.reply_and_context_with(user_id, turn_id, step)
+        return reply, context
+
+    def reply_and_context_with(
+        self, user_id: str, turn_id: str, step: int, read: Write | None = None
+    ) -> tuple[ModelReply | None, CompiledContext | None, list[Any]]:
+        """`reply_and_context`, and the rows of the caller's `read` (none without one), sent
+        before it in one round trip (`run_together`): a tool step's erasure check
+        (store/erasure.py `erasures_read`)."""
         key = {"user_id": user_id, "turn_id": turn_id, "step": step}
+        mine = Write(_REPLY_AND_CONTEXT, key)
         with reading(self.engine) as connection:
-            row = run(connection, _REPLY_AND_CONTEXT, key).one()
+            if read is None:
+                row, other = run(connection, mine.statement, key).one(), []
+            else:
+                theirs, ours = run_together(connection, [read, mine])
+                row, other = ours.one(), theirs.all()
         reply = None if row.reply is None else ModelReply.model_validate_json(row.reply)
         context = (
             None if row.body is None else self.parsed_contexts.parsed((user_id, turn_id), row.body)
         )
-        return reply, context
+        return reply, context, other
 
     def reply(self, user_id: str, turn_id: str, step: int) -> ModelReply | None:
         key = {"user_id": user_id, "turn_id": turn_id, "step": step}
@@ -276,6 +305,44 @@ class TurnStore:
             ).all()
         usage = sum((ModelReply.model_validate_json(r.reply).usage for r in rows), TokenUsage())
         return newest.turn_id, usage
+
+    def save_new_reply(
+        self,
+        user_id: str,
+        turn_id: str,
+        step: int,
+        reply: ModelReply,
+        also: Sequence[Write] = (),
+        *,
+        drop_context: bool = False,
+    ) -> bool:
+        """Store a step's reply, with the writes `also` (its messages in recall) and, for the
+        turn's last step, `drop_context`: all at once, one round trip on PostgreSQL
+        (`run_together`), where each alone cost one (the turn's last step ran three, in a
+        step that does nothing else). All or none: False, with nothing written, when the step
+        has a reply stored already (an insert that does not keep a stored row: its conflict
+        fails the batch), and the caller goes the long way (`save_reply`, which keeps that
+        reply, and the writes of what it holds). Nearly always True: a step's first attempt
+        finds no reply stored (`TurnSteps.call_model`)."""
+        values = {
+            "user_id": user_id,
+            "turn_id": turn_id,
+            "step": step,
+            "reply": reply.model_dump_json(),
+            "created_at": datetime.now(UTC),
+        }
+        writes = [Write(_NEW_REPLY, values), *also]
+        key = {"user_id": user_id, "turn_id": turn_id}
+        if drop_context:
+            writes.append(Write(_DROP_CONTEXT, key))
+        try:
+            with writing_once(self.engine) as connection:
+                run_together(connection, writes)
+        except IntegrityError:
+            return False
+        if drop_context:
+            self.parsed_contexts.drop((user_id, turn_id))
+        return True
 
     def save_reply(self, user_id: str, turn_id: str, step: int, reply: ModelReply) -> ModelReply:
         """Keep the first reply stored for a step of a user's turn."""
@@ -333,14 +400,21 @@ class PromptBaseStore:
             row = run(connection, _base_of(), {"user_id": user_id}).first()
         return _base(row)
 
-    def with_last_reply(self, user_id: str) -> BaseRead:
+    def with_last_reply(self, user_id: str, *, after: Write | None = None) -> BaseRead:
         """The user's base, when their newest model reply was stored (in UTC; None before
         the first): how long the prompt cache has gone unread (memory/agent/context.py's
         `warm_base`), and their newest summary, which the turn's compile starts from. One
         statement: each part alone would cost a round trip more on every turn (~0.15 ms on
-        loopback alone, over 1 ms among the distributed mode's processes on two cores)."""
-        with reading(self.engine) as connection:
-            row = run(connection, _BASE_AND_LAST_REPLY, {"user_id": user_id}).one()
+        loopback alone, over 1 ms among the distributed mode's processes on two cores).
+        `after`: a write the caller makes just before (the turn's message recorded), sent
+        with the read in one round trip (`run_together`): both or neither."""
+        read = Write(_BASE_AND_LAST_REPLY, {"user_id": user_id})
+        if after is None:
+            with reading(self.engine) as connection:
+                row = run(connection, read.statement, read.params).one()
+        else:
+            with writing_once(self.engine) as connection:
+                row = run_together(connection, [after, read])[1].one()
         last: datetime | None = row.last_reply_at
         summary = (0, None) if row.summary_through is None else (row.summary_through, row.summary)
         return BaseRead(

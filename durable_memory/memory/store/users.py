@@ -100,6 +100,14 @@ class AdmissionRead:
     the approvals to finish them (`Review.finish_approvals`)."""
 
 
+@dataclass(frozen=True)
+class ErasuresRead:
+    """The user's erasure records as a step read them with a read of its own, newest first
+    (store/erasure.py `erasures_read`): `refuse_if_forgotten(..., read=)` decides on them."""
+
+    erasures: Sequence[LedgerRecord]
+
+
 class UserDirectory:
     """Every user who has memory, whichever host holds their repository."""
 
@@ -126,12 +134,17 @@ class UserDirectory:
                     conn.execute(insert_keeping(self.engine, UserRow, "user_id"), rows)
 
     def refuse_if_forgotten(
-        self, user_id: str, since: int | None = None, *, read: AdmissionRead | None = None
+        self,
+        user_id: str,
+        since: int | None = None,
+        *,
+        read: AdmissionRead | ErasuresRead | None = None,
     ) -> int:
         """UserBeingForgotten while the user's erasure is under way, UserForgotten after it
         until a caller starts them afresh, or for a turn begun before it (`since`); what the
         turn's later checks pass as `since` (store/erasure.py). `read`: decided on the records
-        the turn's admission read (`admission`), which is then the check."""
+        the turn's admission read (`admission`), or a step's own read of them, which is then
+        the check."""
         if read is not None:
             return refuse_by_records(user_id, read.erasures, since)
         return ErasureLedger(self.engine).refuse_if_forgotten(user_id, since)
