@@ -24,6 +24,7 @@ The transaction is the connection's, as before: in autocommit on PostgreSQL and 
 SQLite (`sql.reading`), the caller's (`sql.writing_once`, `engine.begin()`) for a write on
 SQLite, committed by SQLAlchemy when its block ends."""
 
+import contextlib
 import threading
 from collections import namedtuple
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -149,6 +150,11 @@ def run(connection: Connection, statement: ClauseElement, params: Params = None)
     return outcome
 
 
+_PIPELINES = psycopg.Pipeline.is_supported()
+"""Whether psycopg's libpq has pipeline mode (14 and later; the binary wheel's has): without
+it `run_together` sends its statements one by one, in one transaction all the same."""
+
+
 class Write(NamedTuple):
     """A statement and its parameters, to be run with others (`run_together`)."""
 
@@ -159,18 +165,21 @@ class Write(NamedTuple):
 def run_together(connection: Connection, writes: Sequence[Write]) -> list[Outcome]:
     """`run` each of `writes`, in order, all or none. On PostgreSQL in one round trip:
     psycopg's pipeline sends them together and one Sync ends them, so they are one implicit
-    transaction (in autocommit, the connection's mode for these), committed once. Elsewhere
-    (SQLite) one by one, in the caller's transaction (`writing_once`: one on SQLite), which
-    the first failure rolls back. A failure reaches the caller as from `run` (SQLAlchemy's
-    error class), and nothing of the batch is kept."""
+    transaction (in autocommit, the connection's mode for these), committed once; where it
+    cannot (a libpq without pipeline mode, a statement `run` leaves to SQLAlchemy), one by one
+    between a BEGIN and a COMMIT. On SQLite one by one, in the caller's transaction
+    (`writing_once`: one on SQLite), which the first failure rolls back. A failure reaches
+    the caller as from `run` (SQLAlchemy's error class), and nothing of the batch is kept."""
     if not all(_rows(w.params) for w in writes):  # an empty list of rows runs nothing
         kept = iter(run_together(connection, [w for w in writes if _rows(w.params)]))
         return [next(kept) if _rows(w.params) else Outcome([], 0) for w in writes]
     driver = connection.connection.dbapi_connection
     dialect = connection.dialect
     plans = [_plan(dialect, w.statement, _keys(w.params), _many(w.params)) for w in writes]
-    if not isinstance(driver, psycopg.Connection) or None in plans:
+    if not isinstance(driver, psycopg.Connection):
         return [run(connection, w.statement, w.params) for w in writes]
+    if not _PIPELINES or None in plans:
+        return _one_by_one(connection, driver, writes)
     dispatch = connection.dispatch
     sent: list[tuple[_Plan, Any, Any]] = []
     cursors: list[Any] = []
@@ -206,6 +215,26 @@ def run_together(connection: Connection, writes: Sequence[Write]) -> list[Outcom
             if other is not cursor:
                 other.close()
         connection._handle_dbapi_exception(error, plan.sql if plan else "", given, cursor, None)
+    return outcomes
+
+
+def _one_by_one(
+    connection: Connection, driver: "psycopg.Connection[Any]", writes: Sequence[Write]
+) -> list[Outcome]:
+    """`run_together` without a pipeline: in autocommit between a BEGIN and a COMMIT of its
+    own, rolled back at the first failure; in the caller's transaction otherwise."""
+    if not driver.autocommit:
+        return [run(connection, w.statement, w.params) for w in writes]
+    driver.execute("BEGIN")
+    try:
+        outcomes = [run(connection, w.statement, w.params) for w in writes]
+    except BaseException:
+        # The failure is the answer: a connection too broken to roll back is dropped anyway.
+        with contextlib.suppress(psycopg.Error):
+            if driver.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                driver.execute("ROLLBACK")
+        raise
+    driver.execute("COMMIT")
     return outcomes
 
 
