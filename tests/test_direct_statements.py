@@ -225,7 +225,7 @@ def test_writes_run_together_are_all_kept_or_none(
     insert, an executemany), nor the delete; on PostgreSQL the batch was one round trip, or,
     with a libpq that has no pipeline mode, one transaction. The connection held for the step
     is given back: its next statement works."""
-    monkeypatch.setattr(direct, "_PIPELINES", pipelines)
+    monkeypatch.setattr(direct, "_pipelines", lambda: pipelines)
     contexts = SQLModel.metadata.tables["user_turn_contexts"]
     recall = SQLModel.metadata.tables["recall_messages"]
     before = {t.name: _as_sqlalchemy(filled, select(*t.c), {}) for t in (contexts, recall)}
@@ -272,3 +272,33 @@ def test_writes_run_together_answer_as_run_one_by_one(filled: Engine) -> None:
     assert outcomes[3].first().step == new[0]["step"]
     postgres = filled.dialect.name == "postgresql"
     assert [len(trip) for trip in trips] == ([3] if postgres else [1, 1, 1])
+
+
+@pytest.mark.parametrize("pipelines", [True, False], ids=["pipeline", "no-pipeline"])
+def test_a_batch_cut_short_on_this_side_keeps_nothing(
+    filled: Engine, pipelines: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure before the database saw the whole batch (here a listener raising at its
+    second statement; as well a value the driver refuses, or a cancellation) keeps none of
+    the statements already sent: the batch's own COMMIT was never sent."""
+    monkeypatch.setattr(direct, "_pipelines", lambda: pipelines)
+    contexts = SQLModel.metadata.tables["user_turn_contexts"]
+    before = _as_sqlalchemy(filled, select(*contexts.c), {})
+    batch = [direct.Write(insert(contexts), _rows(contexts, range(70 + n, 71 + n))) for n in (0, 1)]
+    seen: list[str] = []
+
+    def second_fails(*_: Any) -> None:
+        seen.append("x")
+        if len(seen) == 2:
+            raise RuntimeError("cut short")
+
+    event.listen(filled, "before_cursor_execute", second_fails)
+    try:
+        with one_connection(filled):
+            with pytest.raises(Exception, match="cut short"), writing_once(filled) as connection:
+                direct.run_together(connection, batch)
+            with reading(filled) as connection:  # the held connection works after it
+                assert len(run(connection, select(*contexts.c), {}).all()) == len(before)
+    finally:
+        event.remove(filled, "before_cursor_execute", second_fails)
+    assert _as_sqlalchemy(filled, select(*contexts.c), {}) == before

@@ -339,16 +339,17 @@ def test_a_model_call_in_the_activity_that_read_its_context_asks_nothing_again(
     follows no step, so it reads none of the turn's step messages from recall; a later step
     does."""
     asked: Counter[str] = Counter()
-    for owner, name in [
-        (ErasureLedger, "refuse_if_forgotten"),
-        (UserDirectory, "admission"),
-        (RecallStore, "turn"),
-        (TurnStore, "stored_context"),
-        (TurnStore, "reply_and_context_with"),
+    for owner, name, label in [
+        (ErasureLedger, "refuse_if_forgotten", "refuse_if_forgotten"),  # reads the ledger
+        (UserDirectory, "refuse_if_forgotten", "checks"),  # every check, on a read or its own
+        (UserDirectory, "admission", "admission"),
+        (RecallStore, "turn", "turn"),
+        (TurnStore, "stored_context", "stored_context"),
+        (TurnStore, "reply_and_context_with", "reply_and_context_with"),
     ]:
         original = getattr(owner, name)
 
-        def counted(*args: Any, _original: Any = original, _name: str = name, **kw: Any) -> Any:
+        def counted(*args: Any, _original: Any = original, _name: str = label, **kw: Any) -> Any:
             asked[_name] += 1
             return _original(*args, **kw)
 
@@ -358,19 +359,25 @@ def test_a_model_call_in_the_activity_that_read_its_context_asks_nothing_again(
     with scripted_steps(memory, engine, script) as (steps, _):
         _, context = steps.prepare_context(turn)
         # Before it wrote anything, and after: each with the redaction gate, one read.
-        assert asked == {"admission": 2}
+        assert asked == {"admission": 2, "checks": 2}
         first = StepInput(user_id="alice", turn_id="t1", step=1)
         assert steps.call_model(first, context).tool_calls == 1
-        assert asked == {"admission": 2, "refuse_if_forgotten": 1}  # after the model answered
+        # After the model answered.
+        assert asked == {"admission": 2, "checks": 3, "refuse_if_forgotten": 1}
         asked.clear()
         stored = steps.run_tools_in_context(first).context
         assert stored == context
         # Before the tools, on the records read with the step's reply and context (one
         # round trip on PostgreSQL), and after them (before their results are recorded).
-        assert asked == {"refuse_if_forgotten": 1, "reply_and_context_with": 1}
+        assert asked == {"checks": 2, "refuse_if_forgotten": 1, "reply_and_context_with": 1}
         second = StepInput(user_id="alice", turn_id="t1", step=2)
         assert steps.call_model(second, stored).text == "Nothing found."
-        assert asked == {"refuse_if_forgotten": 2, "reply_and_context_with": 1, "turn": 1}
+        assert asked == {
+            "checks": 3,
+            "refuse_if_forgotten": 2,
+            "reply_and_context_with": 1,
+            "turn": 1,
+        }
     assert [role for _, role in _positions(memory, "t1")] == [
         MessageRole.USER,
         MessageRole.TOOL_CALL,

@@ -84,7 +84,9 @@ def statements_sent(engine: Engine) -> Iterator[list[str]]:
 def round_trips(engine: Engine) -> Iterator[list[list[str]]]:
     """The statements sent to `engine`'s database within the block, grouped by the round trip
     that sent them: those sent together in one psycopg pipeline (`run_together`) are one
-    group; every other statement is a group of its own."""
+    group; every other statement is a group of its own. The BEGIN and COMMIT a batch sends
+    around itself are not cursor statements of ours and are not counted (with a pipeline they
+    travel in the batch's own round trip)."""
     trips: list[list[str]] = []
     last: list[Any] = [None]
 

@@ -268,6 +268,8 @@ class TurnStore:
         """`reply_and_context`, and the rows of the caller's `read` (none without one), sent
         before it in one round trip (`run_together`): a tool step's erasure check
         (store/erasure.py `erasures_read`)."""
+        # A read only: on SQLite `reading` is no transaction of ours to keep a write in.
+        assert read is None or isinstance(read.statement, Select), "a read, not a write"
         key = {"user_id": user_id, "turn_id": turn_id, "step": step}
         mine = Write(_REPLY_AND_CONTEXT, key)
         with reading(self.engine) as connection:

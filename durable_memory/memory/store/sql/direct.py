@@ -25,15 +25,15 @@ SQLite (`sql.reading`), the caller's (`sql.writing_once`, `engine.begin()`) for 
 SQLite, committed by SQLAlchemy when its block ends."""
 
 import contextlib
+import functools
 import threading
 from collections import namedtuple
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-import psycopg
 from sqlalchemy import Connection, Dialect
-from sqlalchemy.exc import MultipleResultsFound, NoResultFound
+from sqlalchemy.exc import MultipleResultsFound, NoResultFound, SQLAlchemyError
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert, UpdateBase
@@ -150,9 +150,14 @@ def run(connection: Connection, statement: ClauseElement, params: Params = None)
     return outcome
 
 
-_PIPELINES = psycopg.Pipeline.is_supported()
-"""Whether psycopg's libpq has pipeline mode (14 and later; the binary wheel's has): without
-it `run_together` sends its statements one by one, in one transaction all the same."""
+@functools.cache
+def _pipelines() -> bool:
+    """Whether psycopg's libpq has pipeline mode (14 and later; the binary wheel's has): without
+    it `run_together` sends its statements one by one, in one transaction all the same. Asked
+    only of a PostgreSQL connection: an embedded worker never imports psycopg (~9 MiB)."""
+    import psycopg
+
+    return psycopg.Pipeline.is_supported()
 
 
 class Write(NamedTuple):
@@ -164,36 +169,40 @@ class Write(NamedTuple):
 
 def run_together(connection: Connection, writes: Sequence[Write]) -> list[Outcome]:
     """`run` each of `writes`, in order, all or none. On PostgreSQL in one round trip:
-    psycopg's pipeline sends them together and one Sync ends them, so they are one implicit
-    transaction (in autocommit, the connection's mode for these), committed once; where it
-    cannot (a libpq without pipeline mode, a statement `run` leaves to SQLAlchemy), one by one
-    between a BEGIN and a COMMIT. On SQLite one by one, in the caller's transaction
-    (`writing_once`: one on SQLite), which the first failure rolls back. A failure reaches
-    the caller as from `run` (SQLAlchemy's error class), and nothing of the batch is kept."""
+    psycopg's pipeline sends them together, between a BEGIN and a COMMIT of their own where
+    the connection is in autocommit (the mode of `reading` and `writing_once` there), so a
+    failure anywhere, also on this side before the COMMIT is sent, keeps none of them. Where
+    it cannot pipeline (a libpq without pipeline mode, a statement `run` leaves to SQLAlchemy),
+    one by one between the same BEGIN and COMMIT. In a transaction of the caller's (and on
+    SQLite, whose `writing_once` is one) one by one in it, which a failure rolls back. A
+    failure reaches the caller as from `run` (SQLAlchemy's error class). The answers are read
+    once the batch is committed: an error in reading them comes after the commit."""
     if not all(_rows(w.params) for w in writes):  # an empty list of rows runs nothing
         kept = iter(run_together(connection, [w for w in writes if _rows(w.params)]))
         return [next(kept) if _rows(w.params) else Outcome([], 0) for w in writes]
+    if connection.dialect.driver != "psycopg":
+        return [run(connection, w.statement, w.params) for w in writes]
     driver = connection.connection.dbapi_connection
+    assert driver is not None
     dialect = connection.dialect
     plans = [_plan(dialect, w.statement, _keys(w.params), _many(w.params)) for w in writes]
-    if not isinstance(driver, psycopg.Connection):
-        return [run(connection, w.statement, w.params) for w in writes]
-    if not _PIPELINES or None in plans:
-        return _one_by_one(connection, driver, writes)
-    dispatch = connection.dispatch
+    own = bool(driver.autocommit)  # else the caller's transaction holds the batch
     sent: list[tuple[_Plan, Any, Any]] = []
-    cursors: list[Any] = []
     try:
+        if not _pipelines() or None in plans:
+            return _in_order(connection, driver, writes, own)
         with driver.pipeline():
+            if own:
+                driver.execute("BEGIN")
             for write, plan in zip(writes, plans, strict=True):
                 assert plan is not None
                 rows_in = _rows(write.params)
                 many = len(rows_in) > 1
+                dispatch = connection.dispatch
                 if dispatch.before_execute:
                     dispatch.before_execute(connection, write.statement, list(rows_in), {}, {})
                 args = [_arguments(plan, row) for row in rows_in]
                 cursor = driver.cursor()
-                cursors.append(cursor)
                 given: Any = args if many else args[0]
                 sent.append((plan, given, cursor))
                 if dispatch.before_cursor_execute:
@@ -202,40 +211,51 @@ def run_together(connection: Connection, writes: Sequence[Write]) -> list[Outcom
                     cursor.executemany(plan.sql, given)
                 else:
                     cursor.execute(plan.sql, given)
+            if own:
+                driver.execute("COMMIT")
         outcomes = []
         for plan, _given, cursor in sent:
-            rows = _read(plan, connection.dialect, cursor) if cursor.description else []
+            rows = _read(plan, dialect, cursor) if cursor.description else []
             outcomes.append(Outcome(rows, cursor.rowcount))
             cursor.close()
     except BaseException as error:
+        if own:
+            _roll_back(driver)
+        for _plan_sent, _given, other in sent[:-1]:
+            other.close()
+        if isinstance(error, SQLAlchemyError):
+            raise  # from `run` (no pipeline): SQLAlchemy's handling was done there
         # As `run`: SQLAlchemy's class for the error, a dead connection invalidated. The
         # statement named is the last one sent (the driver does not say which one failed).
-        plan, given, cursor = sent[-1] if sent else (None, None, None)
-        for other in cursors:
-            if other is not cursor:
-                other.close()
-        connection._handle_dbapi_exception(error, plan.sql if plan else "", given, cursor, None)
+        last = sent[-1] if sent else None
+        connection._handle_dbapi_exception(
+            error, last[0].sql if last else "", last[1] if last else None, last and last[2], None
+        )
     return outcomes
 
 
-def _one_by_one(
-    connection: Connection, driver: "psycopg.Connection[Any]", writes: Sequence[Write]
+def _in_order(
+    connection: Connection, driver: Any, writes: Sequence[Write], own: bool
 ) -> list[Outcome]:
-    """`run_together` without a pipeline: in autocommit between a BEGIN and a COMMIT of its
-    own, rolled back at the first failure; in the caller's transaction otherwise."""
-    if not driver.autocommit:
-        return [run(connection, w.statement, w.params) for w in writes]
-    driver.execute("BEGIN")
-    try:
-        outcomes = [run(connection, w.statement, w.params) for w in writes]
-    except BaseException:
-        # The failure is the answer: a connection too broken to roll back is dropped anyway.
-        with contextlib.suppress(psycopg.Error):
-            if driver.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                driver.execute("ROLLBACK")
-        raise
-    driver.execute("COMMIT")
+    """`run_together` without a pipeline: between a BEGIN and a COMMIT of its own (`own`), or
+    in the caller's transaction. A failure rolls back (`run_together`'s handler)."""
+    if own:
+        driver.execute("BEGIN")
+    outcomes = [run(connection, w.statement, w.params) for w in writes]
+    if own:
+        driver.execute("COMMIT")
     return outcomes
+
+
+def _roll_back(driver: Any) -> None:
+    """End the batch's own transaction if a failure left it open; the failure is the answer,
+    so a connection too broken to roll back (then dropped by the pool) says nothing more."""
+    from psycopg import Error
+    from psycopg.pq import TransactionStatus
+
+    with contextlib.suppress(Error):
+        if driver.info.transaction_status != TransactionStatus.IDLE:
+            driver.execute("ROLLBACK")
 
 
 def _rows(params: Params) -> Sequence[Mapping[str, Any]]:
