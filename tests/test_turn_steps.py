@@ -19,6 +19,7 @@ from durable_memory.memory.store.turns import TurnStore
 from durable_memory.memory.store.users import UserDirectory
 from durable_memory.models.context import CompiledContext
 from durable_memory.models.diffs import DiffStatus, Proposer
+from durable_memory.models.llm import ModelReply, TextBlock
 from durable_memory.models.operations import LearnPreference
 from durable_memory.models.recall import MessageRole
 from durable_memory.models.turn import StepInput, TurnInput
@@ -138,6 +139,25 @@ def test_retried_steps_reuse_what_the_first_attempt_stored(
         (1000, MessageRole.TOOL_CALL),
         (1500, MessageRole.TOOL_RESULT),
     ]
+
+
+def test_a_retry_records_the_messages_of_a_reply_stored_without_them(
+    memory: MemoryRig, engine: Engine
+) -> None:
+    """A reply stored without its messages in recall: a step's first attempt writes both at
+    once, but the long way (a reply stored before) writes the reply first, and a process can
+    die between. The retry finds the stored reply, calls no model, records its messages at
+    the step's positions and, the loop's last reply, drops the context."""
+    turn = TurnInput(user_id="alice", turn_id="t1", message="hello")
+    step = StepInput(user_id="alice", turn_id="t1", step=1)
+    with scripted_steps(memory, engine, [{"text": "Not asked."}]) as (steps, server):
+        steps.prepare(turn)
+        TurnStore(engine).save_reply("alice", "t1", 1, _reply_text("Stored first."))
+        assert _positions(memory, "t1") == [(0, MessageRole.USER)]
+        assert steps.call_model(step, retried=True).text == "Stored first."
+        assert server.requests == []
+    assert [m.content for m in memory.recall.turn("alice", "t1")] == ["hello", "Stored first."]
+    assert TurnStore(engine).stored_context("alice", "t1") is None
 
 
 def _store_context(engine: Engine, context: CompiledContext) -> None:
@@ -420,3 +440,7 @@ def test_a_turn_finishes_an_approval_left_uncommitted_when_its_admission_finds_o
     assert "Socratic" in context.system
     assert not users.admission("alicia").unfinished_approvals
     assert server.requests == []
+
+
+def _reply_text(text: str) -> ModelReply:
+    return ModelReply(content=[TextBlock(text=text)], stop_reason="end_turn", model="m")
