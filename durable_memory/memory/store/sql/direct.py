@@ -123,22 +123,13 @@ def run(connection: Connection, statement: ClauseElement, params: Params = None)
     if plan is None:
         result = connection.execute(statement, params)  # type: ignore[call-overload]
         return Outcome(result.all() if result.returns_rows else [], result.rowcount)
-    dispatch = connection.dispatch
-    if dispatch.before_execute:  # listeners see the statement object, as for `execute`
-        dispatch.before_execute(connection, statement, list(rows_in), {}, {})
-    args = [_arguments(plan, row) for row in rows_in]
+    args = _arguments_told(connection, statement, plan, rows_in)
     driver = connection.connection.dbapi_connection
     assert driver is not None
     cursor = None
     try:
         cursor = driver.cursor()
-        sent: Any = args if many else args[0]
-        if dispatch.before_cursor_execute:
-            dispatch.before_cursor_execute(connection, cursor, plan.sql, sent, None, many)
-        if many:
-            cursor.executemany(plan.sql, sent)
-        else:
-            cursor.execute(plan.sql, sent)
+        _send(connection, cursor, plan, args if many else args[0], many)
         rows = _read(plan, connection.dialect, cursor) if cursor.description else []
         outcome = Outcome(rows, cursor.rowcount)
         cursor.close()
@@ -198,19 +189,11 @@ def run_together(connection: Connection, writes: Sequence[Write]) -> list[Outcom
                 assert plan is not None
                 rows_in = _rows(write.params)
                 many = len(rows_in) > 1
-                dispatch = connection.dispatch
-                if dispatch.before_execute:
-                    dispatch.before_execute(connection, write.statement, list(rows_in), {}, {})
-                args = [_arguments(plan, row) for row in rows_in]
+                args = _arguments_told(connection, write.statement, plan, rows_in)
                 cursor = driver.cursor()
                 given: Any = args if many else args[0]
                 sent.append((plan, given, cursor))
-                if dispatch.before_cursor_execute:
-                    dispatch.before_cursor_execute(connection, cursor, plan.sql, given, None, many)
-                if many:
-                    cursor.executemany(plan.sql, given)
-                else:
-                    cursor.execute(plan.sql, given)
+                _send(connection, cursor, plan, given, many)
             if own:
                 driver.execute("COMMIT")
         outcomes = []
@@ -268,6 +251,31 @@ def _keys(params: Params) -> tuple[str, ...]:
 
 def _many(params: Params) -> bool:
     return len(_rows(params)) > 1
+
+
+def _arguments_told(
+    connection: Connection,
+    statement: ClauseElement,
+    plan: _Plan,
+    rows_in: Sequence[Mapping[str, Any]],
+) -> list[Any]:
+    """The driver's arguments for each row, once the `before_execute` listeners have seen the
+    statement object, as for `execute`."""
+    dispatch = connection.dispatch
+    if dispatch.before_execute:
+        dispatch.before_execute(connection, statement, list(rows_in), {}, {})
+    return [_arguments(plan, row) for row in rows_in]
+
+
+def _send(connection: Connection, cursor: Any, plan: _Plan, given: Any, many: bool) -> None:
+    """Send the statement on `cursor`, once the `before_cursor_execute` listeners saw it."""
+    dispatch = connection.dispatch
+    if dispatch.before_cursor_execute:
+        dispatch.before_cursor_execute(connection, cursor, plan.sql, given, None, many)
+    if many:
+        cursor.executemany(plan.sql, given)
+    else:
+        cursor.execute(plan.sql, given)
 
 
 def _plan(
