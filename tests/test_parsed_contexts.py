@@ -68,7 +68,7 @@ def test_another_text_in_the_store_is_what_the_step_reads(engine: Engine) -> Non
     with engine.begin() as connection:
         connection.execute(text("DELETE FROM user_turn_contexts"))
     assert store.stored_context("alice", "t1") is None
-    assert store.reply_and_context("alice", "t1", 1) == (None, None)
+    assert store.reply_and_context("alice", "t1", 1) == (None, None, [])
 
 
 def test_users_sharing_a_turn_id_each_read_their_own(engine: Engine) -> None:

@@ -200,7 +200,7 @@ pass), where statements are sent together (`run_together`): a model step's reply
 messages in recall and (the turn's last step) the dropped context (`TurnStore.save_new_reply`),
 one round trip where they took three; the turn's message and the prompt base's read
 (`PromptBaseStore.with_last_reply`'s `after`), one where they took two; and a tool step's
-erasure check with its reply and context (`TurnStore.reply_and_context_with`), one where they
+erasure check with its reply and context (`TurnStore.reply_and_context`), one where they
 took two."""
 
 

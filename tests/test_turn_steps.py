@@ -365,7 +365,7 @@ def test_a_model_call_in_the_activity_that_read_its_context_asks_nothing_again(
         (UserDirectory, "admission", "admission"),
         (RecallStore, "turn", "turn"),
         (TurnStore, "stored_context", "stored_context"),
-        (TurnStore, "reply_and_context_with", "reply_and_context_with"),
+        (TurnStore, "reply_and_context", "reply_and_context"),
     ]:
         original = getattr(owner, name)
 
@@ -389,13 +389,13 @@ def test_a_model_call_in_the_activity_that_read_its_context_asks_nothing_again(
         assert stored == context
         # Before the tools, on the records read with the step's reply and context (one
         # round trip on PostgreSQL), and after them (before their results are recorded).
-        assert asked == {"checks": 2, "refuse_if_forgotten": 1, "reply_and_context_with": 1}
+        assert asked == {"checks": 2, "refuse_if_forgotten": 1, "reply_and_context": 1}
         second = StepInput(user_id="alice", turn_id="t1", step=2)
         assert steps.call_model(second, stored).text == "Nothing found."
         assert asked == {
             "checks": 3,
             "refuse_if_forgotten": 2,
-            "reply_and_context_with": 1,
+            "reply_and_context": 1,
             "turn": 1,
         }
     assert [role for _, role in _positions(memory, "t1")] == [

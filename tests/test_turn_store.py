@@ -132,19 +132,19 @@ def test_a_tool_step_reads_its_reply_and_context_in_one_statement(engine: Engine
     turns.save_reply("bob", "t1", 1, _reply("bob's reply"))
     turns.save_context("bob", "t1", _context("bob's context"))
     with statements_sent(engine) as statements:
-        reply, context = turns.reply_and_context("alice", "t1", 1)
+        reply, context, _ = turns.reply_and_context("alice", "t1", 1)
     assert [s.split()[0] for s in statements] == ["SELECT"]
     assert reply == _reply("alice's reply")
     assert context is not None
     assert context.system == "alice's context"
-    reply, context = turns.reply_and_context("alice", "t1", 2)
+    reply, context, _ = turns.reply_and_context("alice", "t1", 2)
     assert reply is None
     assert context is not None
     assert context.system == "alice's context"
     turns.drop_context("alice", "t1")
-    assert turns.reply_and_context("alice", "t1", 1) == (_reply("alice's reply"), None)
-    assert turns.reply_and_context("carol", "t1", 1) == (None, None)
-    reply, context = turns.reply_and_context("bob", "t1", 1)
+    assert turns.reply_and_context("alice", "t1", 1) == (_reply("alice's reply"), None, [])
+    assert turns.reply_and_context("carol", "t1", 1) == (None, None, [])
+    reply, context, _ = turns.reply_and_context("bob", "t1", 1)
     assert reply == _reply("bob's reply")
     assert context is not None
     assert context.system == "bob's context"

@@ -546,7 +546,7 @@ class TurnSteps:
         step reads the profile again. A context already dropped (this step run again after
         the turn's last model call) leaves the profile's tools."""
         # The step's reply and context read with its erasure check's records: one round trip.
-        stored, context, records = self.turns.reply_and_context_with(
+        stored, context, records = self.turns.reply_and_context(
             step.user_id, step.turn_id, step.step, erasures_read(step.user_id)
         )
         seen = self._refuse_if_forgotten_after_writing(

@@ -254,30 +254,20 @@ class TurnStore:
         return None if body is None else self.parsed_contexts.parsed((user_id, turn_id), body)
 
     def reply_and_context(
-        self, user_id: str, turn_id: str, step: int
-    ) -> tuple[ModelReply | None, CompiledContext | None]:
-        """`reply` and `stored_context` of a step's turn in one statement (what a tool step
-        reads before its tools run): one round trip where two cost ~0.3 ms more on SQLite and
-        ~0.7 ms on PostgreSQL. A single statement sees one state of both rows."""
-        reply, context, _ = self.reply_and_context_with(user_id, turn_id, step)
-        return reply, context
-
-    def reply_and_context_with(
         self, user_id: str, turn_id: str, step: int, read: Write | None = None
     ) -> tuple[ModelReply | None, CompiledContext | None, list[Any]]:
-        """`reply_and_context`, and the rows of the caller's `read` (none without one), sent
-        before it in one round trip (`run_together`): a tool step's erasure check
-        (store/erasure.py `erasures_read`)."""
+        """`reply` and `stored_context` of a step's turn in one statement (what a tool step
+        reads before its tools run): one round trip where two cost ~0.3 ms more on SQLite and
+        ~0.7 ms on PostgreSQL. A single statement sees one state of both rows. With the rows
+        of the caller's `read` (none without one), sent before it in the same round trip
+        (`run_together`): a tool step's erasure check (store/erasure.py `erasures_read`)."""
         # A read only: on SQLite `reading` is no transaction of ours to keep a write in.
         assert read is None or isinstance(read.statement, Select), "a read, not a write"
         key = {"user_id": user_id, "turn_id": turn_id, "step": step}
         mine = Write(_REPLY_AND_CONTEXT, key)
         with reading(self.engine) as connection:
-            if read is None:
-                row, other = run(connection, mine.statement, key).one(), []
-            else:
-                theirs, ours = run_together(connection, [read, mine])
-                row, other = ours.one(), theirs.all()
+            *theirs, ours = run_together(connection, [*([] if read is None else [read]), mine])
+        row, other = ours.one(), (theirs[0].all() if theirs else [])
         reply = None if row.reply is None else ModelReply.model_validate_json(row.reply)
         context = (
             None if row.body is None else self.parsed_contexts.parsed((user_id, turn_id), row.body)
@@ -411,12 +401,8 @@ class PromptBaseStore:
         `after`: a write the caller makes just before (the turn's message recorded), sent
         with the read in one round trip (`run_together`): both or neither."""
         read = Write(_BASE_AND_LAST_REPLY, {"user_id": user_id})
-        if after is None:
-            with reading(self.engine) as connection:
-                row = run(connection, read.statement, read.params).one()
-        else:
-            with writing_once(self.engine) as connection:
-                row = run_together(connection, [after, read])[1].one()
+        with (reading if after is None else writing_once)(self.engine) as connection:
+            row = run_together(connection, [*([] if after is None else [after]), read])[-1].one()
         last: datetime | None = row.last_reply_at
         summary = (0, None) if row.summary_through is None else (row.summary_through, row.summary)
         return BaseRead(

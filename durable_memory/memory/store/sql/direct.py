@@ -112,10 +112,7 @@ def run(connection: Connection, statement: ClauseElement, params: Params = None)
     """`connection.execute(statement, params)`, on the driver's cursor (see the module doc);
     `params` a list of rows runs the statement once per row (executemany; a list of one, as
     SQLAlchemy does, once)."""
-    if isinstance(params, Sequence):
-        rows_in: Sequence[Mapping[str, Any]] = params
-    else:
-        rows_in = [params or {}]
+    rows_in = _rows(params)
     many = len(rows_in) > 1
     if not rows_in:
         return Outcome([], 0)
@@ -171,12 +168,13 @@ def run_together(connection: Connection, writes: Sequence[Write]) -> list[Outcom
     if not all(_rows(w.params) for w in writes):  # an empty list of rows runs nothing
         kept = iter(run_together(connection, [w for w in writes if _rows(w.params)]))
         return [next(kept) if _rows(w.params) else Outcome([], 0) for w in writes]
-    if connection.dialect.driver != "psycopg":
+    if connection.dialect.driver != "psycopg" or len(writes) == 1:  # a lone one is atomic
         return [run(connection, w.statement, w.params) for w in writes]
     driver = connection.connection.dbapi_connection
     assert driver is not None
     dialect = connection.dialect
-    plans = [_plan(dialect, w.statement, _keys(w.params), _many(w.params)) for w in writes]
+    batch = [(w, _rows(w.params)) for w in writes]
+    plans = [_plan(dialect, w.statement, tuple(rows[0]), len(rows) > 1) for w, rows in batch]
     own = bool(driver.autocommit)  # else the caller's transaction holds the batch
     sent: list[tuple[_Plan, Any, Any]] = []
     try:
@@ -185,9 +183,8 @@ def run_together(connection: Connection, writes: Sequence[Write]) -> list[Outcom
         with driver.pipeline():
             if own:
                 driver.execute("BEGIN")
-            for write, plan in zip(writes, plans, strict=True):
+            for (write, rows_in), plan in zip(batch, plans, strict=True):
                 assert plan is not None
-                rows_in = _rows(write.params)
                 many = len(rows_in) > 1
                 args = _arguments_told(connection, write.statement, plan, rows_in)
                 cursor = driver.cursor()
@@ -243,14 +240,6 @@ def _roll_back(driver: Any) -> None:
 
 def _rows(params: Params) -> Sequence[Mapping[str, Any]]:
     return params if isinstance(params, Sequence) else [params or {}]
-
-
-def _keys(params: Params) -> tuple[str, ...]:
-    return tuple(_rows(params)[0])
-
-
-def _many(params: Params) -> bool:
-    return len(_rows(params)) > 1
 
 
 def _arguments_told(
