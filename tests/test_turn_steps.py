@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import DataError
 
 from durable_memory.memory.agent.steps import TurnPositions
 from durable_memory.memory.core.errors import UserBeingRedacted
@@ -444,3 +445,31 @@ def test_a_turn_finishes_an_approval_left_uncommitted_when_its_admission_finds_o
 
 def _reply_text(text: str) -> ModelReply:
     return ModelReply(content=[TextBlock(text=text)], stop_reason="end_turn", model="m")
+
+
+def test_a_reply_whose_messages_the_database_refuses_is_kept_and_asked_once(
+    memory: MemoryRig, engine: Engine
+) -> None:
+    """A model reply PostgreSQL cannot store as recall text (a NUL byte): the step fails, but
+    the reply is stored on its own, as before the one write, so the activity's retries find it
+    and the model is asked once, not once per attempt. SQLite stores the text."""
+    turn = TurnInput(user_id="alice", turn_id="t1", message="hello")
+    step = StepInput(user_id="alice", turn_id="t1", step=1)
+    postgres = engine.dialect.name == "postgresql"
+    with scripted_steps(memory, engine, [{"text": "a\x00b"}, {"text": "Other."}]) as (
+        steps,
+        server,
+    ):
+        context = steps.prepare_context(turn)[1]
+        for retried in (False, True, True):  # an activity's three attempts
+            if postgres:
+                with pytest.raises(DataError):
+                    steps.call_model(step, context, retried=retried)
+            else:
+                assert steps.call_model(step, context, retried=retried).text == "a\x00b"
+        assert len(server.requests) == 1
+    stored = TurnStore(engine).reply("alice", "t1", 1)
+    assert stored is not None
+    assert stored.content == [TextBlock(text="a\x00b")]
+    said = [m.content for m in memory.recall.turn("alice", "t1")]
+    assert said == (["hello"] if postgres else ["hello", "a\x00b"])

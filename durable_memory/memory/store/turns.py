@@ -34,7 +34,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy import select as select_columns
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DataError, IntegrityError
 from sqlmodel import Field, Session, SQLModel, col, func, select
 
 from durable_memory.memory.store.sql import (
@@ -315,7 +315,8 @@ class TurnStore:
         has a reply stored already (an insert that does not keep a stored row: its conflict
         fails the batch), and the caller goes the long way (`save_reply`, which keeps that
         reply, and the writes of what it holds). Nearly always True: a step's first attempt
-        finds no reply stored (`TurnSteps.call_model`)."""
+        finds no reply stored (`TurnSteps.call_model`). Also False for a value the database
+        refuses in `also` (then the long way meets the refusal again, the reply kept)."""
         values = {
             "user_id": user_id,
             "turn_id": turn_id,
@@ -330,7 +331,10 @@ class TurnStore:
         try:
             with writing_once(self.engine) as connection:
                 run_together(connection, writes)
-        except IntegrityError:
+        except (IntegrityError, DataError):
+            # A value the database refuses (PostgreSQL: a NUL byte in a message's text) fails
+            # the batch as a stored reply does: the long way keeps the reply on its own, and
+            # a retry finds it instead of asking the model again, as before the batch.
             return False
         if drop_context:
             self.parsed_contexts.drop((user_id, turn_id))
